@@ -1,0 +1,50 @@
+# Two entry points for a fresh clone: `make bench` and `make test`. Both create .venv,
+# install the pinned dependencies and build the extension against that torch when needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-installed
+EXT_STAMP := pycomm/.built
+SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
+NVCC := $(shell command -v nvcc 2>/dev/null)
+CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
+BENCH_ARGS ?= --np 4 -b 8 -e 64M
+PYTEST_ARGS ?=
+
+.PHONY: all build test bench cuda-check clean
+
+all: build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(DEPS_STAMP): requirements.txt | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+# The editable install records the package once; later rebuilds are incremental (ninja).
+$(EXT_STAMP): $(DEPS_STAMP) $(SOURCES)
+	@test -d pycomm.egg-info || $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(PY) setup.py --quiet build_ext --inplace
+	touch $@
+
+build: $(EXT_STAMP)
+
+# Compiles every CUDA source as a check when nvcc exists (no GPU needed).
+cuda-check:
+ifneq ($(and $(NVCC),$(CU_SOURCES)),)
+	@for f in $(CU_SOURCES); do echo "nvcc -c $$f"; $(NVCC) -std=c++17 -Icsrc -arch=sm_90 -c $$f -o /dev/null || exit 1; done
+else
+	@echo "cuda-check: skipped ($(if $(NVCC),no CUDA sources yet,nvcc not found))"
+endif
+
+# pytest exit code 5 means no test was collected: a broken suite, never a pass.
+test: build cuda-check
+	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+bench: build
+	$(PY) -m pycomm.bench $(BENCH_ARGS)
+
+clean:
+	rm -rf build pycomm/_C*.so $(EXT_STAMP) pycomm.egg-info

@@ -1,0 +1,510 @@
+#include "binding/backend.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include "binding/store_adapter.h"
+#include "binding/tables.h"
+
+namespace pycomm {
+namespace {
+
+std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
+  return t == c10d::kUnsetTimeout ? std::chrono::milliseconds(0) : t;
+}
+
+void check_tensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "pycomm: ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "pycomm: ", op, " expects CPU tensors, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm: ", op, " expects dense tensors, got layout ", t.layout());
+  to_core(t.scalar_type());
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "pycomm: ", op, " takes exactly one tensor per call, got ", tensors.size());
+  check_tensor(tensors[0], op);
+  return tensors[0];
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  check_tensor(a, op);
+  check_tensor(b, op);
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "pycomm: ", op, ": dtypes differ (", a.scalar_type(), " vs ", b.scalar_type(), ")");
+}
+
+void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t n, const char* op) {
+  TORCH_CHECK_VALUE(list.size() == n, "pycomm: ", op, ": expected a list of ", n, " tensors (one per rank), got ", list.size());
+  for (const auto& t : list) {
+    check_same(t, like, op);
+    TORCH_CHECK_VALUE(t.numel() == like.numel(), "pycomm: ", op, ": every tensor in the list must have ", like.numel(), " elements, got ", t.numel());
+  }
+}
+
+}  // namespace
+
+PycommWork::PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result)
+    : Work(rank, type, title), result_(std::move(result)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void PycommWork::complete(std::exception_ptr error) {
+  finish(error);
+  if (error) future_->setError(error);
+  else future_->markCompleted(c10::IValue(result_));
+}
+
+at::Tensor Launch::in(const at::Tensor& t) {
+  keep.push_back(t.contiguous());
+  return keep.back();
+}
+
+at::Tensor Launch::out(const at::Tensor& t) {
+  if (t.is_contiguous()) {
+    keep.push_back(t);
+    return t;
+  }
+  at::Tensor dense = t.contiguous();
+  keep.push_back(dense);
+  after.push_back([t, dense]() mutable { t.copy_(dense); });
+  return dense;
+}
+
+at::Tensor Launch::staging(const at::Tensor& like, int64_t numel) {
+  keep.push_back(at::empty({numel}, like.options().memory_format(c10::MemoryFormat::Contiguous)));
+  return keep.back();
+}
+
+ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout, const std::string& group_name)
+    : Backend(rank, size) {
+  try {
+    TorchStore adapter(store);
+    comm_ = std::make_unique<Communicator>(adapter, rank, size, group_name, timeout, Config::from_env());
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+  engine_ = std::make_unique<Engine>();
+}
+
+ProcessGroupPycomm::~ProcessGroupPycomm() { engine_.reset(); }
+
+void ProcessGroupPycomm::setTimeout(std::chrono::milliseconds timeout) {
+  engine_->submit([this, timeout] { comm_->set_timeout(timeout); });
+}
+
+void ProcessGroupPycomm::abort() {
+  if (comm_) comm_->abort("pycomm: group aborted by the application");
+}
+// Runs what was submitted, then releases threads, sockets and shared memory now rather
+// than when the last Python reference goes. The group cannot be used afterwards.
+void ProcessGroupPycomm::shutdown() {
+  engine_.reset();
+  comm_.reset();
+}
+
+CallOptions ProcessGroupPycomm::call_options(const std::string& algorithm, const std::string& compression,
+                                             const std::string& determinism) const {
+  CallOptions o = comm_->config().defaults;
+  try {
+    if (!algorithm.empty()) o.algorithm = parse_algorithm(algorithm);
+    if (!compression.empty()) o.compression = parse_compression(compression);
+    if (!determinism.empty()) o.determinism = parse_determinism(determinism);
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+  return o;
+}
+
+Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout) const {
+  Request rq;
+  rq.collective = c;
+  rq.dtype = to_core(t.scalar_type());
+  rq.options = comm_->config().defaults;
+  rq.timeout = op_timeout(timeout);
+  return rq;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l) {
+  TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
+  try {
+    for (Request& rq : l.requests) comm_->validate(rq);
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+  auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
+  auto job = std::make_shared<Launch>(std::move(l));
+  engine_->submit([this, work, job] {
+    try {
+      for (const Request& rq : job->requests) comm_->execute(rq);
+      for (auto& copy_back : job->after) copy_back();
+      work->complete(nullptr);
+    } catch (const Error& e) {
+      work->complete(torch_exception(e));
+    } catch (...) {
+      work->complete(std::current_exception());
+    }
+  });
+  return work;
+}
+
+void ProcessGroupPycomm::add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op,
+                                       std::chrono::milliseconds timeout, const CallOptions& options) {
+  check_tensor(t, "allreduce");
+  at::Tensor buf = l.out(t);
+  Request rq = request(Collective::AllReduce, t, timeout);
+  rq.reduction = to_core(op);
+  rq.options = options;
+  rq.input = rq.output = buf.data_ptr();
+  rq.count = buf.numel();
+  l.requests.push_back(rq);
+}
+
+void ProcessGroupPycomm::add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in,
+                                            const c10d::ReduceOp& op, std::chrono::milliseconds timeout,
+                                            const CallOptions& options) {
+  check_same(out, in, "reduce_scatter");
+  TORCH_CHECK_VALUE(in.numel() == out.numel() * getSize(), "pycomm: reduce_scatter: input has ", in.numel(),
+                    " elements, expected output elements x world size = ", out.numel() * getSize());
+  Request rq = request(Collective::ReduceScatter, out, timeout);
+  rq.reduction = to_core(op);
+  rq.options = options;
+  rq.input = l.in(in).data_ptr();
+  rq.output = l.out(out).data_ptr();
+  rq.count = out.numel();
+  l.requests.push_back(rq);
+}
+
+void ProcessGroupPycomm::add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in,
+                                       std::chrono::milliseconds timeout, const CallOptions& options) {
+  check_same(out, in, "allgather");
+  TORCH_CHECK_VALUE(out.numel() == in.numel() * getSize(), "pycomm: allgather: output has ", out.numel(),
+                    " elements, expected input elements x world size = ", in.numel() * getSize());
+  Request rq = request(Collective::AllGather, in, timeout);
+  rq.options = options;
+  // Order matters for in-place use (input a view of the output): read before write.
+  rq.input = l.in(in).data_ptr();
+  rq.output = l.out(out).data_ptr();
+  rq.count = in.numel();
+  l.requests.push_back(rq);
+}
+
+void ProcessGroupPycomm::add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in,
+                                            std::chrono::milliseconds timeout) {
+  check_tensor(in, "allgather");
+  check_list(outs, in, getSize(), "allgather");
+  at::Tensor flat = l.staging(in, in.numel() * getSize());
+  Request rq = request(Collective::AllGather, in, timeout);
+  rq.input = l.in(in).data_ptr();
+  rq.output = flat.data_ptr();
+  rq.count = in.numel();
+  l.requests.push_back(rq);
+  const int64_t n = in.numel();
+  l.after.push_back([outs, flat, n]() mutable {
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  Launch l;
+  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().defaults);
+  l.result = tensors;
+  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  Launch l;
+  for (const auto& t : tensors) add_allreduce(l, t, opts.reduceOp, opts.timeout, comm_->config().defaults);
+  l.result = tensors;
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  Launch l;
+  at::Tensor buf = l.out(t);
+  Request rq = request(Collective::Broadcast, t, opts.timeout);
+  rq.input = rq.output = buf.data_ptr();
+  rq.count = buf.numel();
+  rq.root = static_cast<int>(opts.rootRank);
+  l.requests.push_back(rq);
+  l.result = tensors;
+  return launch(c10d::OpType::BROADCAST, "pycomm:broadcast", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  Launch l;
+  at::Tensor buf = l.out(t);
+  Request rq = request(Collective::Reduce, t, opts.timeout);
+  rq.reduction = to_core(opts.reduceOp);
+  rq.input = rq.output = buf.data_ptr();
+  rq.count = buf.numel();
+  rq.root = static_cast<int>(opts.rootRank);
+  l.requests.push_back(rq);
+  l.result = tensors;
+  return launch(c10d::OpType::REDUCE, "pycomm:reduce", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "allgather");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "pycomm: allgather takes one output list, got ", outputs.size());
+  Launch l;
+  add_allgather_list(l, outputs[0], in, opts.timeout);
+  l.result = outputs[0];
+  return launch(c10d::OpType::ALLGATHER, "pycomm:all_gather", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions& opts) {
+  Launch l;
+  add_allgather(l, output, input, opts.timeout, comm_->config().defaults);
+  l.result = {output};
+  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                       std::vector<at::Tensor>& inputs,
+                                                                       const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_coalesced: ", outputs.size(),
+                    " output lists for ", inputs.size(), " inputs");
+  Launch l;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    add_allgather_list(l, outputs[i], inputs[i], opts.timeout);
+    l.result.insert(l.result.end(), outputs[i].begin(), outputs[i].end());
+  }
+  return launch(c10d::OpType::ALLGATHER_COALESCED, "pycomm:all_gather_coalesced", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_into_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  Launch l;
+  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, comm_->config().defaults);
+  l.result = outputs;
+  return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  Launch l;
+  Request rq = request(Collective::Gather, in, opts.timeout);
+  rq.root = root;
+  rq.input = l.in(in).data_ptr();
+  rq.count = in.numel();
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1, "pycomm: gather: the root takes one output list, got ", outputs.size());
+    check_list(outputs[0], in, getSize(), "gather");
+    at::Tensor flat = l.staging(in, in.numel() * getSize());
+    rq.output = flat.data_ptr();
+    const int64_t n = in.numel();
+    l.after.push_back([outs = outputs[0], flat, n]() mutable {
+      for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
+    });
+    l.result = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                      "pycomm: gather: only the root passes output tensors");
+  }
+  l.requests.push_back(rq);
+  return launch(c10d::OpType::GATHER, "pycomm:gather", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  Launch l;
+  Request rq = request(Collective::Scatter, out, opts.timeout);
+  rq.root = root;
+  rq.output = l.out(out).data_ptr();
+  rq.count = out.numel();
+  if (getRank() == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: scatter: the root takes one input list, got ", inputs.size());
+    check_list(inputs[0], out, getSize(), "scatter");
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : inputs[0]) flat_parts.push_back(t.reshape(-1));
+    rq.input = l.in(at::cat(flat_parts)).data_ptr();
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                      "pycomm: scatter: only the root passes input tensors");
+  }
+  l.requests.push_back(rq);
+  l.result = outputs;
+  return launch(c10d::OpType::SCATTER, "pycomm:scatter", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: reduce_scatter takes one input list, got ", inputs.size());
+  check_list(inputs[0], out, getSize(), "reduce_scatter");
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : inputs[0]) flat_parts.push_back(t.reshape(-1));
+  Launch l;
+  add_reduce_scatter(l, out, at::cat(flat_parts), opts.reduceOp, opts.timeout, comm_->config().defaults);
+  l.result = outputs;
+  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                        const c10d::ReduceScatterOptions& opts) {
+  Launch l;
+  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, comm_->config().defaults);
+  l.result = {output};
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                   std::vector<at::Tensor>& inputs,
+                                                                                   const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: reduce_scatter_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  Launch l;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().defaults);
+  l.result = outputs;
+  return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "pycomm:reduce_scatter_tensor_coalesced", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                 std::vector<int64_t>& output_splits,
+                                                                 std::vector<int64_t>& input_splits,
+                                                                 const c10d::AllToAllOptions& opts) {
+  check_same(output, input, "alltoall");
+  const int n = getSize();
+  // Splits count rows of dim 0; empty splits mean equal parts.
+  const auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+    const int64_t rows = t.dim() ? t.size(0) : 1, row = rows ? t.numel() / rows : 0;
+    std::vector<size_t> c(n);
+    if (splits.empty()) {
+      TORCH_CHECK_VALUE(rows % n == 0, "pycomm: alltoall: ", which, " has ", rows, " rows, not divisible by world size ", n);
+      for (auto& x : c) x = static_cast<size_t>(rows / n * row);
+      return c;
+    }
+    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == n, "pycomm: alltoall: ", which, " splits list ", splits.size(), " sizes for ", n, " ranks");
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) {
+      TORCH_CHECK_VALUE(splits[i] >= 0, "pycomm: alltoall: negative split size");
+      total += splits[i];
+      c[i] = static_cast<size_t>(splits[i] * row);
+    }
+    TORCH_CHECK_VALUE(total == rows, "pycomm: alltoall: ", which, " splits sum to ", total, " rows but the tensor has ", rows);
+    return c;
+  };
+  Launch l;
+  Request rq = request(Collective::AllToAll, input, opts.timeout);
+  rq.send_counts = counts(input, input_splits, "input");
+  rq.recv_counts = counts(output, output_splits, "output");
+  rq.input = l.in(input).data_ptr();
+  rq.output = l.out(output).data_ptr();
+  rq.count = input.numel();
+  l.requests.push_back(rq);
+  l.result = {output};
+  return launch(c10d::OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllToAllOptions& opts) {
+  const size_t n = static_cast<size_t>(getSize());
+  TORCH_CHECK_VALUE(outputs.size() == n && inputs.size() == n, "pycomm: alltoall: expected ", n,
+                    " input and output tensors, got ", inputs.size(), " and ", outputs.size());
+  Launch l;
+  Request rq = request(Collective::AllToAll, inputs[0], opts.timeout);
+  std::vector<at::Tensor> flat_in;
+  int64_t out_total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    check_same(inputs[i], inputs[0], "alltoall");
+    check_same(outputs[i], inputs[0], "alltoall");
+    flat_in.push_back(inputs[i].reshape(-1));
+    rq.send_counts.push_back(inputs[i].numel());
+    rq.recv_counts.push_back(outputs[i].numel());
+    out_total += outputs[i].numel();
+  }
+  at::Tensor flat_out = l.staging(inputs[0], out_total);
+  rq.input = l.in(at::cat(flat_in)).data_ptr();
+  rq.output = flat_out.data_ptr();
+  l.requests.push_back(rq);
+  l.after.push_back([outputs, flat_out]() mutable {
+    int64_t off = 0;
+    for (auto& o : outputs) {
+      o.copy_(flat_out.narrow(0, off, o.numel()).view(o.sizes()));
+      off += o.numel();
+    }
+  });
+  l.result = outputs;
+  return launch(c10d::OpType::ALLTOALL, "pycomm:all_to_all", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const at::Tensor& t = single(tensors, "send");
+  Launch l;
+  Request rq = request(Collective::Send, t, c10d::kUnsetTimeout);
+  rq.root = dst;
+  rq.tag = tag;
+  rq.input = l.in(t).data_ptr();
+  rq.count = t.numel();
+  l.requests.push_back(rq);
+  l.result = tensors;
+  return launch(c10d::OpType::SEND, "pycomm:send", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const at::Tensor& t = single(tensors, "recv");
+  Launch l;
+  Request rq = request(Collective::Recv, t, c10d::kUnsetTimeout);
+  rq.root = src;
+  rq.tag = tag;
+  rq.output = l.out(t).data_ptr();
+  rq.count = t.numel();
+  l.requests.push_back(rq);
+  l.result = tensors;
+  return launch(c10d::OpType::RECV, "pycomm:recv", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>&, int) {
+  C10_THROW_ERROR(ValueError, "pycomm: recv from any source is not supported; name the source rank");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::barrier(const c10d::BarrierOptions& opts) {
+  Launch l;
+  Request rq;
+  rq.collective = Collective::Barrier;
+  rq.dtype = DataType::UInt8;
+  rq.options = comm_->config().defaults;
+  rq.timeout = op_timeout(opts.timeout);
+  l.requests.push_back(rq);
+  return launch(c10d::OpType::BARRIER, "pycomm:barrier", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op,
+                                                                   const CallOptions& options) {
+  Launch l;
+  add_allreduce(l, tensor, op, c10d::kUnsetTimeout, options);
+  l.result = {tensor};
+  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_with(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceOp& op, const CallOptions& options) {
+  Launch l;
+  add_reduce_scatter(l, output, input, op, c10d::kUnsetTimeout, options);
+  l.result = {output};
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", std::move(l));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_gather_with(at::Tensor& output, at::Tensor& input,
+                                                                   const CallOptions& options) {
+  Launch l;
+  add_allgather(l, output, input, c10d::kUnsetTimeout, options);
+  l.result = {output};
+  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", std::move(l));
+}
+
+}  // namespace pycomm

@@ -1,0 +1,94 @@
+// The `pycomm` c10d backend: validates torch arguments, turns them into core Requests,
+// and runs them on the group's progress engine. Every collective goes through launch().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "core/communicator.h"
+#include "core/engine.h"
+
+namespace pycomm {
+
+class PycommWork final : public c10d::Work {
+ public:
+  PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result);
+  std::vector<at::Tensor> result() override { return result_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Completes the work (and its future) with success or `error`; called once, by the engine.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// What one Work runs: requests in order, then copies out of staging buffers.
+struct Launch {
+  std::vector<Request> requests;
+  std::vector<at::Tensor> keep;               // every tensor a request points into
+  std::vector<std::function<void()>> after;   // copy-backs, run after the last request
+  std::vector<at::Tensor> result;             // the Work's result and future value
+
+  at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
+  at::Tensor out(const at::Tensor& t);        // dense writable view, copied back if strided
+  at::Tensor staging(const at::Tensor& like, int64_t numel);
+};
+
+class ProcessGroupPycomm final : public c10d::Backend {
+ public:
+  ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout, const std::string& group_name);
+  ~ProcessGroupPycomm() override;
+
+  const std::string getBackendName() const override { return "pycomm"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void abort() override;
+  void shutdown() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs, const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // The direct API: the same collectives with per-call options ("" = the group's default).
+  c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options);
+  c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options);
+  CallOptions call_options(const std::string& algorithm, const std::string& compression, const std::string& determinism) const;
+  std::string describe_transports() const { return comm_->describe_transports(); }
+
+ private:
+  Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout) const;
+  void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
+  void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
+  void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
+  void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l);
+
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes
+};
+
+}  // namespace pycomm

@@ -1,0 +1,44 @@
+// The Python module pycomm._C: the backend class, its creator, and the direct API.
+#include <torch/python.h>
+
+#include "core/config.h"
+#include "binding/backend.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  using pycomm::ProcessGroupPycomm;
+  m.doc() = "pycomm: collective communication backend for torch.distributed";
+
+  py::class_<ProcessGroupPycomm, c10d::Backend, c10::intrusive_ptr<ProcessGroupPycomm>>(m, "ProcessGroupPycomm")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+                       const std::string& group_name) {
+             return c10::make_intrusive<ProcessGroupPycomm>(
+                 store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), group_name);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("group_name"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("_call_options_check", [](const ProcessGroupPycomm& pg, const std::string& a, const std::string& c,
+                                     const std::string& d) { pg.call_options(a, c, d); })
+      .def("_all_reduce",
+           [](ProcessGroupPycomm& pg, at::Tensor& t, const c10d::ReduceOp& op, const std::string& a,
+              const std::string& c, const std::string& d) { return pg.all_reduce_with(t, op, pg.call_options(a, c, d)); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("_reduce_scatter_tensor",
+           [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const c10d::ReduceOp& op, const std::string& a,
+              const std::string& c, const std::string& d) {
+             return pg.reduce_scatter_with(out, in, op, pg.call_options(a, c, d));
+           },
+           py::call_guard<py::gil_scoped_release>())
+      .def("_all_gather_into_tensor",
+           [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const std::string& a, const std::string& c,
+              const std::string& d) { return pg.all_gather_with(out, in, pg.call_options(a, c, d)); },
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);
+
+  m.def("knobs", [] {
+    py::list out;
+    for (const auto& k : pycomm::knobs()) out.append(py::make_tuple(k.name, k.default_value, k.meaning));
+    return out;
+  }, "Every environment knob as (name, default, meaning).");
+}

@@ -1,0 +1,20 @@
+// Translations between torch and core types, and of core errors into torch exceptions.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "core/error.h"
+#include "core/types.h"
+
+namespace pycomm {
+
+DataType to_core(at::ScalarType t);               // ValueError for unsupported dtypes
+Reduction to_core(const c10d::ReduceOp& op);      // ValueError for unsupported ops
+
+// Rethrows `e` as the exception torch users expect: ValueError for bad input,
+// DistBackendError for failures of communication.
+[[noreturn]] void rethrow_for_torch(const Error& e);
+std::exception_ptr torch_exception(const Error& e);
+
+}  // namespace pycomm

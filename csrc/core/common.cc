@@ -1,0 +1,79 @@
+// Small shared pieces of the core: names, errno messages, spinning, the store helper,
+// frame checks.
+#include <sched.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "error.h"
+#include "deadline.h"
+#include "store.h"
+#include "transport.h"
+#include "types.h"
+
+namespace pycomm {
+
+std::string errno_message(const std::string& what) {
+  return what + ": " + std::strerror(errno);
+}
+
+bool spin_until(const std::function<bool()>& ready, const SpinPolicy& policy) {
+  if (ready()) return true;
+  if (policy.spin.count() <= 0) return false;
+  const auto until = Clock::now() + policy.spin;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    sched_yield();
+  } while (Clock::now() < until);
+  return ready();
+}
+
+std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
+                                            int size, const std::string& mine) {
+  store.set(prefix + "/" + std::to_string(rank), mine);
+  std::vector<std::string> all(size);
+  for (int r = 0; r < size; ++r) all[r] = r == rank ? mine : store.get(prefix + "/" + std::to_string(r));
+  return all;
+}
+
+std::string PeerInfo::describe() const {
+  std::ostringstream os;
+  os << "rank " << rank << " (pid " << pid << " on " << hostname << ")";
+  return os.str();
+}
+
+std::string describe(const OpStamp& op) {
+  std::ostringstream os;
+  const auto c = static_cast<Collective>(op.collective);
+  os << name_of(c) << " #" << op.seq << " (" << name_of(static_cast<DataType>(op.dtype));
+  if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce)
+    os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
+  os << ", " << op.count << " elements";
+  if (c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
+      c == Collective::Scatter)
+    os << ", root " << op.root;
+  if (c == Collective::Send || c == Collective::Recv) os << ", tag " << op.root;
+  os << ")";
+  return os.str();
+}
+
+void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer) {
+  if (got.magic != kFrameMagic || got.kind != static_cast<uint16_t>(FrameKind::Data))
+    fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe());
+  if (!(got.op == expect.op))
+    fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(got.op) +
+                                  " but this rank is in " + describe(expect.op) +
+                                  ": ranks called different collectives or arguments");
+  if (got.bytes != expect.bytes)
+    fail(ErrorKind::Mismatch, peer.describe() + " sent " + std::to_string(got.bytes) +
+                                  " bytes where " + std::to_string(expect.bytes) +
+                                  " were expected in " + describe(expect.op));
+}
+
+}  // namespace pycomm

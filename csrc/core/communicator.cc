@@ -1,0 +1,279 @@
+#include "core/communicator.h"
+
+#include <sched.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace pycomm {
+namespace {
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string link_target(const char* path) {
+  char buf[256];
+  const ssize_t n = readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Equal exactly for processes that can map each other's /dev/shm segments and see each
+// other's pids: the same boot of the same machine, mount, pid and network namespace (a
+// network namespace stands for a separate host in multi-host tests).
+std::string host_key() {
+  return hostname() + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" +
+         link_target("/proc/self/ns/mnt") + "|" + link_target("/proc/self/ns/pid") + "|" +
+         link_target("/proc/self/ns/net");
+}
+
+std::string random_secret() {
+  unsigned char raw[32];
+  if (getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw))
+    fail(ErrorKind::Internal, errno_message("pycomm: getrandom"));
+  std::string hex;
+  char b[3];
+  for (unsigned char c : raw) { std::snprintf(b, sizeof b, "%02x", c); hex += b; }
+  return hex;
+}
+
+// Fields are separated by \x1f, which none of them contains.
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+// Every knob that must agree across ranks for frames and layouts to match.
+std::string wire_config(const Config& c) {
+  std::ostringstream os;
+  os << static_cast<int>(c.transport) << "/" << c.ranks_per_node << "/" << c.shm_chunk_bytes << "/"
+     << c.tcp_chunk_bytes << "/" << c.pipeline_depth;
+  return os.str();
+}
+
+int cores_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+}  // namespace
+
+Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
+                           std::chrono::milliseconds timeout, Config config)
+    : rank_(rank), size_(size), group_name_(std::move(group_name)), timeout_(timeout),
+      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0) {
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
+  // Distinct instances of a group that reuse one store (re-initialisation in the same
+  // processes) get distinct keys: every rank of instance i draws from [i*size+1, (i+1)*size].
+  const int64_t ticket = store.add("pycomm/instances", 1);
+  const std::string prefix = "pycomm/" + std::to_string((ticket - 1) / size);
+  connect(store, prefix);
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::connect(Store& store, const std::string& prefix) {
+  const char sep = '\x1f';
+  std::ostringstream mine;
+  mine << getpid() << sep << hostname() << sep << host_key() << sep << wire_config(config_);
+  const auto all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str());
+  std::map<std::string, int> node_of_host;
+  ranks_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    const auto f = split(all[r], sep);
+    if (f.size() != 4) fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(r) + " published malformed rendezvous data");
+    if (f[3] != wire_config(config_))
+      fail(ErrorKind::InvalidArgument,
+           "pycomm: rank " + std::to_string(r) + " has different PYCOMM_TRANSPORT / RANKS_PER_NODE / *_CHUNK_BYTES / PIPELINE_DEPTH settings than rank " +
+               std::to_string(rank_) + " (" + f[3] + " vs " + wire_config(config_) + ")");
+    PeerInfo& p = ranks_[r];
+    p.rank = r;
+    p.pid = std::stoi(f[0]);
+    p.hostname = f[1];
+    p.host_key = f[2];
+    const int next_node = static_cast<int>(node_of_host.size());
+    p.node = config_.ranks_per_node > 0 ? r / config_.ranks_per_node
+                                        : node_of_host.emplace(p.host_key, next_node).first->second;
+  }
+
+  if (rank_ == 0) store.set(prefix + "/secret", random_secret());
+  const std::string secret = store.get(prefix + "/secret");
+
+  // Shared memory within a node when the processes can share it; TCP otherwise.
+  std::vector<int> shm_peers, tcp_peers;
+  int local_ranks = 0;
+  for (const PeerInfo& p : ranks_) {
+    const bool same_host = p.host_key == ranks_[rank_].host_key;
+    local_ranks += same_host;
+    if (p.rank == rank_) continue;
+    const bool same_node = same_host && p.node == ranks_[rank_].node;
+    if (config_.transport == TransportChoice::Shm && !same_host)
+      fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_TRANSPORT=shm but " + p.describe() + " is on another host");
+    (same_node && config_.transport != TransportChoice::Tcp ? shm_peers : tcp_peers).push_back(p.rank);
+  }
+
+  TransportSetup setup;
+  setup.store = &store;
+  setup.key_prefix = prefix;
+  setup.rank = rank_;
+  setup.size = size_;
+  setup.ranks = ranks_;
+  setup.secret = secret;
+  setup.config = &config_;
+  const int spin_us = config_.spin_us >= 0 ? config_.spin_us : (local_ranks <= cores_available() ? 50 : 0);
+  setup.spin.spin = std::chrono::microseconds(spin_us);
+  setup.deadline = Deadline::after(timeout_);
+  channels_.assign(size_, nullptr);
+  chunk_bytes_ = config_.shm_chunk_bytes;
+  // Every rank computes the same shm/tcp split for every pair, so all agree on whether
+  // TCP is in use anywhere in the group and hence on chunk_bytes_.
+  bool group_uses_tcp = false;
+  for (const PeerInfo& a : ranks_)
+    for (const PeerInfo& b : ranks_)
+      if (a.rank != b.rank && (config_.transport == TransportChoice::Tcp || a.host_key != b.host_key || a.node != b.node))
+        group_uses_tcp = true;
+  if (group_uses_tcp) chunk_bytes_ = std::min(chunk_bytes_, config_.tcp_chunk_bytes);
+
+  for (auto [peers, make] : {std::make_pair(&shm_peers, &make_shm_transport),
+                             std::make_pair(&tcp_peers, &make_tcp_transport)}) {
+    setup.peers = *peers;
+    // Transports are created in the same order on every rank, each only where it has
+    // peers; set-up waits only on peers that create the same transport.
+    if (peers->empty()) continue;
+    transports_.push_back(make(setup));
+    for (int p : *peers) channels_[p] = transports_.back()->channel(p);
+  }
+  if (config_.log_level >= LogLevel::Info)
+    std::cerr << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
+              << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
+              << " B, spin " << spin_us << " us\n";
+}
+
+std::string Communicator::describe_transports() const {
+  std::ostringstream os;
+  bool first_transport = true;
+  for (const auto& t : transports_) {
+    os << (first_transport ? "" : "; ") << t->name() << ": ranks ";
+    first_transport = false;
+    bool first = true;
+    for (int p = 0; p < size_; ++p)
+      if (t->channel(p)) { os << (first ? "" : ",") << p; first = false; }
+  }
+  return transports_.empty() ? "no peers" : os.str();
+}
+
+void Communicator::validate(Request& rq) const {
+  const auto bad = [](const std::string& what) { fail(ErrorKind::InvalidArgument, "pycomm: " + what); };
+  const char* name = name_of(rq.collective);
+  const bool reduces = rq.collective == Collective::AllReduce || rq.collective == Collective::ReduceScatter ||
+                       rq.collective == Collective::Reduce;
+  if (reduces) {
+    check_reducible(rq.dtype, rq.reduction);
+    rq.reduction = normalized(rq.dtype, rq.reduction);
+  }
+  const bool rooted = rq.collective == Collective::Broadcast || rq.collective == Collective::Reduce ||
+                      rq.collective == Collective::Gather || rq.collective == Collective::Scatter;
+  if (rooted && (rq.root < 0 || rq.root >= size_))
+    bad(std::string(name) + ": root " + std::to_string(rq.root) + " is not a rank of this group of " + std::to_string(size_));
+  if ((rq.collective == Collective::Send || rq.collective == Collective::Recv) &&
+      (rq.root < 0 || rq.root >= size_ || rq.root == rank_))
+    bad(std::string(name) + ": peer " + std::to_string(rq.root) + " is not another rank of this group of " + std::to_string(size_));
+  if (rq.collective == Collective::AllToAll &&
+      (rq.send_counts.size() != static_cast<size_t>(size_) || rq.recv_counts.size() != static_cast<size_t>(size_)))
+    bad("alltoall: split sizes must list one count per rank");
+  if (rq.options.algorithm != Algorithm::Auto && rq.options.algorithm != Algorithm::Ring)
+    bad(std::string("algorithm '") + name_of(rq.options.algorithm) + "' is not available yet (available: auto, ring)");
+  if (rq.options.compression != Compression::None)
+    bad("compression is not available yet");
+  if (rq.options.determinism != Determinism::Default)
+    bad("deterministic modes are not available yet");
+}
+
+OpStamp Communicator::stamp_for(const Request& rq) {
+  OpStamp s;
+  s.count = rq.count;
+  s.dtype = static_cast<uint8_t>(rq.dtype);
+  s.reduce = static_cast<uint8_t>(rq.reduction.kind);
+  s.collective = static_cast<uint8_t>(rq.collective);
+  s.root = rq.root;
+  if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
+    // Both ends stamp a p2p frame alike: as a send, numbered on the pair's stream.
+    s.collective = static_cast<uint8_t>(Collective::Send);
+    s.root = rq.tag;
+    s.seq = rq.collective == Collective::Send ? sends_to_[rq.root]++ : recvs_from_[rq.root]++;
+  } else {
+    s.seq = ++collective_seq_;
+  }
+  return s;
+}
+
+void Communicator::execute(const Request& rq) {
+  Context cx;
+  cx.rank = rank_;
+  cx.size = size_;
+  cx.channels = channels_;
+  cx.ops = &cpu_ops();
+  cx.chunk_bytes = chunk_bytes_;
+  cx.stamp = stamp_for(rq);
+  {
+    std::lock_guard<std::mutex> lock(poison_mutex_);
+    if (!poison_.empty())
+      fail(ErrorKind::PeerFailure, "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
+                                       "' not started: the group failed earlier: " + poison_);
+  }
+  if (config_.log_level >= LogLevel::Trace)
+    std::cerr << "pycomm: group '" << group_name_ << "' rank " << rank_ << ": " << describe(cx.stamp) << "\n";
+  cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
+  try {
+    switch (rq.collective) {
+      case Collective::AllReduce: ring_allreduce(cx, rq); break;
+      case Collective::ReduceScatter: ring_reduce_scatter(cx, rq); break;
+      case Collective::AllGather: ring_allgather(cx, rq); break;
+      case Collective::Broadcast: chain_broadcast(cx, rq); break;
+      case Collective::Reduce: chain_reduce(cx, rq); break;
+      case Collective::Gather: direct_gather(cx, rq); break;
+      case Collective::Scatter: direct_scatter(cx, rq); break;
+      case Collective::AllToAll: pairwise_alltoall(cx, rq); break;
+      case Collective::Send: p2p_send(cx, rq); break;
+      case Collective::Recv: p2p_recv(cx, rq); break;
+      case Collective::Barrier: dissemination_barrier(cx, rq); break;
+    }
+  } catch (const Error& e) {
+    const std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
+                             "' failed on rank " + std::to_string(rank_) + ": " + e.what();
+    abort(what);
+    throw Error(e.kind(), what);
+  }
+}
+
+void Communicator::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(poison_mutex_);
+    if (poison_.empty()) poison_ = reason;
+  }
+  for (auto& t : transports_) t->abort(reason);
+}
+
+}  // namespace pycomm

@@ -1,0 +1,66 @@
+// A communicator: one group's ranks, their channels, and the execution of one operation
+// at a time with sticky errors. Not thread-safe except abort(): the group's progress
+// engine is the only caller of execute().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+#include "core/config.h"
+#include "core/store.h"
+#include "core/transport.h"
+
+namespace pycomm {
+
+class Communicator {
+ public:
+  // Rendezvous through `store` (keys private to this group); blocks until every rank of
+  // the group has connected, or throws.
+  Communicator(Store& store, int rank, int size, std::string group_name,
+               std::chrono::milliseconds timeout, Config config);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Config& config() const { return config_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  // Rejects a malformed request on the calling thread (InvalidArgument), before anything
+  // is sent. Fills in defaults from the group's configuration.
+  void validate(Request& rq) const;
+
+  // Runs `rq` to completion. A failure poisons the communicator: the peers are told (abort)
+  // and every later call fails at once with the original cause.
+  void execute(const Request& rq);
+
+  // Fails every current and future wait with `reason`; safe from any thread.
+  void abort(const std::string& reason);
+
+  // "shm: ranks 1,2; tcp: rank 3", for logs and tests.
+  std::string describe_transports() const;
+
+ private:
+  void connect(Store& store, const std::string& prefix);
+  OpStamp stamp_for(const Request& rq);
+
+  int rank_, size_;
+  std::string group_name_;
+  std::chrono::milliseconds timeout_;
+  Config config_;
+  std::vector<PeerInfo> ranks_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<Channel*> channels_;
+  size_t chunk_bytes_ = 0;
+  uint64_t collective_seq_ = 0;
+  std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
+  std::mutex poison_mutex_;
+  std::string poison_;                            // guarded by poison_mutex_
+};
+
+}  // namespace pycomm

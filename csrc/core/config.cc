@@ -1,0 +1,77 @@
+#include "config.h"
+
+#include <cstdlib>
+
+#include "error.h"
+
+namespace pycomm {
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = {
+      {"PYCOMM_ALGO", "auto", "Algorithm for every collective: auto|ring|tree|hierarchical|oneshot|twoshot."},
+      {"PYCOMM_COMPRESSION", "none", "Wire compression of floating reductions: none|fp16|bf16|fp8_e4m3|fp8_e5m2."},
+      {"PYCOMM_DETERMINISTIC", "0", "Determinism level: 0 (every rank identical, run to run), 1 (fixed order), exact."},
+      {"PYCOMM_TRANSPORT", "auto", "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one."},
+      {"PYCOMM_RANKS_PER_NODE", "0", "Treat consecutive groups of N ranks as one node (0: group by host)."},
+      {"PYCOMM_SOCKET_IFNAME", "", "Network interface whose IPv4 address TCP listens on (default: loopback within a host, else the first up interface)."},
+      {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
+      {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
+      {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks)."},
+      {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls before blocking; -1: 50 when local ranks <= cores, else 0."},
+      {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO prints one line per group, TRACE one per collective)."},
+  };
+  return table;
+}
+
+namespace {
+
+std::string knob_value(const char* name) {
+  for (const auto& k : knobs()) {
+    if (std::string(k.name) != name) continue;
+    const char* v = std::getenv(name);
+    return v && *v ? std::string(v) : std::string(k.default_value);
+  }
+  fail(ErrorKind::Internal, std::string("pycomm: undeclared knob ") + name);
+}
+
+long long int_knob(const char* name, long long lo, long long hi) {
+  const std::string s = knob_value(name);
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || v < lo || v > hi)
+    fail(ErrorKind::InvalidArgument, std::string("pycomm: ") + name + "='" + s +
+                                         "' is not an integer in [" + std::to_string(lo) + ", " +
+                                         std::to_string(hi) + "]");
+  return v;
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  c.defaults.algorithm = parse_algorithm(knob_value("PYCOMM_ALGO"));
+  c.defaults.compression = parse_compression(knob_value("PYCOMM_COMPRESSION"));
+  c.defaults.determinism = parse_determinism(knob_value("PYCOMM_DETERMINISTIC"));
+  const std::string t = knob_value("PYCOMM_TRANSPORT");
+  if (t == "auto") c.transport = TransportChoice::Auto;
+  else if (t == "shm") c.transport = TransportChoice::Shm;
+  else if (t == "tcp") c.transport = TransportChoice::Tcp;
+  else fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_TRANSPORT='" + t + "' (expected auto|shm|tcp)");
+  c.ranks_per_node = static_cast<int>(int_knob("PYCOMM_RANKS_PER_NODE", 0, 1 << 20));
+  c.socket_ifname = knob_value("PYCOMM_SOCKET_IFNAME");
+  c.shm_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_SHM_CHUNK_BYTES", 4096, 64 << 20));
+  c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
+  c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 1, 64));
+  c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
+  const std::string d = knob_value("PYCOMM_DEBUG");
+  if (d == "WARN") c.log_level = LogLevel::Warn;
+  else if (d == "INFO") c.log_level = LogLevel::Info;
+  else if (d == "TRACE") c.log_level = LogLevel::Trace;
+  else fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_DEBUG='" + d + "' (expected WARN|INFO|TRACE)");
+  // Chunks hold whole elements of every type and keep slots 64-byte aligned.
+  c.shm_chunk_bytes &= ~size_t{63};
+  c.tcp_chunk_bytes &= ~size_t{63};
+  return c;
+}
+
+}  // namespace pycomm

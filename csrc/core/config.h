@@ -1,0 +1,39 @@
+// Every environment knob, declared once (name, default, meaning) and read once, when a
+// group is created. The README's table is checked against kKnobs by the tests.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "types.h"
+
+namespace pycomm {
+
+struct Knob {
+  const char* name;
+  const char* default_value;
+  const char* meaning;
+};
+
+const std::vector<Knob>& knobs();
+
+enum class TransportChoice : uint8_t { Auto, Shm, Tcp };
+enum class LogLevel : uint8_t { Warn, Info, Trace };
+
+struct Config {
+  CallOptions defaults;               // PYCOMM_ALGO, PYCOMM_COMPRESSION, PYCOMM_DETERMINISTIC
+  TransportChoice transport = TransportChoice::Auto;
+  int ranks_per_node = 0;             // 0: group ranks into nodes by host
+  std::string socket_ifname;          // empty: loopback within a host, else first up interface
+  size_t shm_chunk_bytes = 0;
+  size_t tcp_chunk_bytes = 0;
+  int pipeline_depth = 0;             // slots per channel direction
+  int spin_us = -1;                   // -1: spin only when local ranks <= cores
+  LogLevel log_level = LogLevel::Warn;
+
+  // Reads every knob from the environment; a malformed value is an InvalidArgument error.
+  static Config from_env();
+};
+
+}  // namespace pycomm

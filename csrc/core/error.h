@@ -1,0 +1,26 @@
+// Errors of the core. The torch binding maps InvalidArgument to ValueError and every
+// other kind to torch.distributed.DistBackendError.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace pycomm {
+
+enum class ErrorKind { InvalidArgument, Timeout, PeerFailure, Mismatch, Internal };
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+[[noreturn]] inline void fail(ErrorKind kind, const std::string& what) { throw Error(kind, what); }
+
+// Describes a system call failure: "<what>: <strerror(errno)>".
+std::string errno_message(const std::string& what);
+
+}  // namespace pycomm

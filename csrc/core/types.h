@@ -1,0 +1,56 @@
+// Data types, reduce ops and per-call options of the torch-free core.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pycomm {
+
+enum class DataType : uint8_t {
+  Float32, Float64, Float16, BFloat16, Int8, UInt8, Int32, Int64, Bool,
+};
+
+enum class Collective : uint8_t {
+  AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, Gather, Scatter, AllToAll,
+  Send, Recv, Barrier,
+};
+const char* name_of(Collective c);
+
+enum class ReduceKind : uint8_t { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor, PremulSum };
+
+// A reduction as the core executes it. PremulSum carries its factor; Avg divides by the
+// world size once, when the final value is rounded.
+struct Reduction {
+  ReduceKind kind = ReduceKind::Sum;
+  double premul = 1.0;
+};
+
+size_t element_size(DataType t);
+const char* name_of(DataType t);
+const char* name_of(ReduceKind k);
+bool is_floating(DataType t);
+
+// Throws pycomm::InvalidArgument when `t` cannot be reduced with `r` (e.g. AVG on bool,
+// bitwise ops on floats). Bool reductions are logical: SUM/MAX = OR, PRODUCT/MIN = AND.
+void check_reducible(DataType t, const Reduction& r);
+
+// What the caller may choose per group (environment) or per call. Fields later issues
+// give meaning to (compression, determinism) are carried from the start so the request
+// path does not change shape.
+enum class Algorithm : uint8_t { Auto, Ring, Tree, Hierarchical, OneShot, TwoShot };
+enum class Compression : uint8_t { None, Fp16, Bf16, Fp8E4M3, Fp8E5M2 };
+enum class Determinism : uint8_t { Default, Ordered, Exact };
+
+struct CallOptions {
+  Algorithm algorithm = Algorithm::Auto;
+  Compression compression = Compression::None;
+  Determinism determinism = Determinism::Default;
+};
+
+const char* name_of(Algorithm a);
+Algorithm parse_algorithm(const std::string& s);
+Compression parse_compression(const std::string& s);
+Determinism parse_determinism(const std::string& s);
+
+}  // namespace pycomm

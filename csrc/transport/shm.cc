@@ -1,0 +1,382 @@
+// Shared-memory transport between processes of one host.
+//
+// Layout: every rank creates one segment holding its outbound rings, one per peer of its
+// shared-memory clique; every peer maps every other peer's segment. A ring has
+// `pipeline_depth` slots of [FrameHeader | payload] and two counters: `tail` (frames
+// published, written only by the sender) and `head` (frames consumed, written only by the
+// receiver). The receiver reads payloads in place from the sender's segment.
+//
+// Memory ordering: the sender writes a slot, then stores tail with release; the receiver
+// loads tail with acquire before reading the slot. The receiver stores head with release
+// after it is done with the slot; the sender loads head with acquire before reusing it.
+//
+// Waiting: spin for SpinPolicy::spin, then sleep on a futex on the counter, in slices of
+// kLivenessSlice. A waker skips the futex syscall unless the `sleeping` flag is set; both
+// sides order flag and counter with seq_cst fences (Dekker), and FUTEX_WAIT re-checks the
+// counter in the kernel, so no wake-up is lost. Between slices a waiter checks the
+// deadline, both segments' abort flags and whether the peer process still exists.
+//
+// Lifetime: segments are created O_EXCL with mode 0600 under unpredictable names
+// (/pycomm-<pid>-<random>) and unlinked by their creator as soon as every peer has mapped
+// them, so nothing is left in /dev/shm once a group is up, even after SIGKILL. A crash
+// during set-up can leave a segment: set-up removes segments whose creator pid is gone.
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/transport.h"
+
+namespace pycomm {
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x70796d6d53484d31ull;  // "pymmSHM1"
+constexpr size_t kReasonBytes = 1024;
+constexpr size_t kSlotHeaderBytes = 64;  // FrameHeader padded to a cache line
+static_assert(sizeof(FrameHeader) <= kSlotHeaderBytes, "slot header too small");
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t owner_rank;
+  uint32_t ring_count;
+  uint64_t chunk_bytes;
+  uint64_t depth;
+  alignas(64) std::atomic<uint32_t> aborted;
+  char reason[kReasonBytes];
+};
+
+struct RingControl {
+  alignas(64) std::atomic<uint32_t> tail;
+  alignas(64) std::atomic<uint32_t> head;
+  alignas(64) std::atomic<uint32_t> receiver_sleeping;
+  std::atomic<uint32_t> sender_sleeping;
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain words");
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+struct Layout {
+  size_t chunk_bytes, depth, ring_count;
+  size_t slot_bytes() const { return kSlotHeaderBytes + chunk_bytes; }
+  size_t ring_bytes() const { return round_up(sizeof(RingControl), 64) + depth * slot_bytes(); }
+  size_t header_bytes() const { return round_up(sizeof(SegmentHeader), 4096); }
+  size_t total() const { return header_bytes() + ring_count * ring_bytes(); }
+  RingControl* control(char* base, size_t ring) const {
+    return reinterpret_cast<RingControl*>(base + header_bytes() + ring * ring_bytes());
+  }
+  char* slot(char* base, size_t ring, size_t index) const {
+    return base + header_bytes() + ring * ring_bytes() + round_up(sizeof(RingControl), 64) +
+           (index % depth) * slot_bytes();
+  }
+};
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT32_MAX, nullptr); }
+
+bool process_exists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// Removes segments left by set-ups that crashed before unlinking (creator pid gone).
+void remove_orphaned_segments() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  while (dirent* e = readdir(dir)) {
+    int pid = 0;
+    if (std::sscanf(e->d_name, "pycomm-%d-", &pid) != 1 || pid <= 0) continue;
+    struct stat st {};
+    const std::string path = std::string("/dev/shm/") + e->d_name;
+    if (stat(path.c_str(), &st) == 0 && st.st_uid == geteuid() && !process_exists(pid))
+      shm_unlink((std::string("/") + e->d_name).c_str());
+  }
+  closedir(dir);
+}
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (getrandom(buf.data(), bytes, 0) != static_cast<ssize_t>(bytes))
+    fail(ErrorKind::Internal, errno_message("pycomm: getrandom"));
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : buf) { s += digits[c >> 4]; s += digits[c & 15]; }
+  return s;
+}
+
+// One mapped segment; unmaps (and, if still named, unlinks) on destruction.
+struct Mapping {
+  char* base = nullptr;
+  size_t bytes = 0;
+  std::string name;   // non-empty while the name exists in /dev/shm and we own it
+  ~Mapping() {
+    if (base) munmap(base, bytes);
+    if (!name.empty()) shm_unlink(name.c_str());
+  }
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(base); }
+};
+
+class ShmTransport;
+
+// Watches one peer process: a pidfd when the kernel has them (no pid-reuse race, and it
+// sees a zombie as exited), else kill(pid, 0).
+class PeerWatch {
+ public:
+  explicit PeerWatch(int pid) : pid_(pid), fd_(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {}
+  ~PeerWatch() { if (fd_ >= 0) close(fd_); }
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+  bool exited() const {
+    if (fd_ < 0) return !process_exists(pid_);
+    pollfd p{fd_, POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }
+
+ private:
+  int pid_;
+  int fd_;
+};
+
+class ShmChannel final : public Channel {
+ public:
+  ShmChannel(ShmTransport* t, const PeerInfo& peer, const Layout& layout, Mapping* mine,
+             size_t out_ring, Mapping* theirs, size_t in_ring)
+      : transport_(t), peer_(peer), layout_(layout), mine_(mine), theirs_(theirs),
+        out_(layout.control(mine->base, out_ring)), in_(layout.control(theirs->base, in_ring)),
+        out_ring_(out_ring), in_ring_(in_ring), watch_(peer.pid) {}
+
+  int peer() const override { return peer_.rank; }
+  size_t chunk_bytes() const override { return layout_.chunk_bytes; }
+
+  void* begin_send(const Deadline& deadline) override {
+    wait_for(out_->head, out_->sender_sleeping, deadline, "free a slot for", [&] {
+      return sent_ - out_->head.load(std::memory_order_acquire) < layout_.depth;
+    });
+    return layout_.slot(mine_->base, out_ring_, sent_) + kSlotHeaderBytes;
+  }
+
+  void end_send(const FrameHeader& header) override {
+    std::memcpy(layout_.slot(mine_->base, out_ring_, sent_), &header, sizeof header);
+    out_->tail.store(++sent_, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (out_->receiver_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&out_->tail);
+  }
+
+  const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override {
+    wait_for(in_->tail, in_->receiver_sleeping, deadline, "receive from", [&] {
+      return in_->tail.load(std::memory_order_acquire) != received_;
+    });
+    const char* slot = layout_.slot(theirs_->base, in_ring_, received_);
+    FrameHeader got;
+    std::memcpy(&got, slot, sizeof got);
+    check_frame(got, expect, peer_);
+    return slot + kSlotHeaderBytes;
+  }
+
+  void end_recv() override {
+    in_->head.store(++received_, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (in_->sender_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&in_->head);
+  }
+
+  void wake_all() {
+    futex_wake_all(&out_->tail);
+    futex_wake_all(&in_->head);
+  }
+
+ private:
+  template <class Ready>
+  void wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
+                const Deadline& deadline, const char* what, Ready ready);
+  void check_alive(const Deadline& deadline, const char* what);
+
+  ShmTransport* transport_;
+  PeerInfo peer_;
+  Layout layout_;
+  Mapping* mine_;
+  Mapping* theirs_;
+  RingControl* out_;
+  RingControl* in_;
+  size_t out_ring_, in_ring_;
+  uint32_t sent_ = 0;      // frames this rank published on its outbound ring
+  uint32_t received_ = 0;  // frames this rank consumed from its inbound ring
+  PeerWatch watch_;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(const TransportSetup& s) : spin_(s.spin) {
+    std::vector<int> clique = s.peers;
+    clique.push_back(s.rank);
+    std::sort(clique.begin(), clique.end());
+    const auto index_in = [&](int owner, int peer) {  // ring of owner -> peer
+      size_t i = 0;
+      for (int r : clique) {
+        if (r == owner) continue;
+        if (r == peer) return i;
+        ++i;
+      }
+      fail(ErrorKind::Internal, "pycomm: shm ring index");
+    };
+    layout_ = Layout{s.config->shm_chunk_bytes, static_cast<size_t>(s.config->pipeline_depth),
+                     clique.size() - 1};
+    remove_orphaned_segments();
+    create_own_segment(s.rank);
+    s.store->set(s.key_prefix + "/shm/name/" + std::to_string(s.rank), own_.name);
+    for (int p : s.peers) {
+      auto m = std::make_unique<Mapping>();
+      open_peer_segment(*m, s.store->get(s.key_prefix + "/shm/name/" + std::to_string(p)), p);
+      peers_.emplace(p, std::move(m));
+    }
+    // Everyone has mapped everything it needs once all "mapped" keys exist: then the names
+    // can go, and a crash from here on leaves nothing behind.
+    s.store->set(s.key_prefix + "/shm/mapped/" + std::to_string(s.rank), "1");
+    for (int p : s.peers) s.store->get(s.key_prefix + "/shm/mapped/" + std::to_string(p));
+    shm_unlink(own_.name.c_str());
+    own_.name.clear();
+    channels_.resize(s.size);
+    for (int p : s.peers)
+      channels_[p] = std::make_unique<ShmChannel>(this, s.ranks[p], layout_, &own_,
+                                                  index_in(s.rank, p), peers_.at(p).get(),
+                                                  index_in(p, s.rank));
+  }
+
+  ~ShmTransport() override {
+    channels_.clear();
+    peers_.clear();
+  }
+
+  const char* name() const override { return "shm"; }
+  Channel* channel(int peer) override {
+    return peer >= 0 && peer < static_cast<int>(channels_.size()) ? channels_[peer].get() : nullptr;
+  }
+
+  void abort(const std::string& reason) override {
+    SegmentHeader* h = own_.header();
+    uint32_t expected = 0;
+    if (h->aborted.compare_exchange_strong(expected, 2, std::memory_order_acq_rel)) {
+      std::strncpy(h->reason, reason.c_str(), kReasonBytes - 1);
+      h->aborted.store(1, std::memory_order_release);  // reason complete before the flag reads 1
+    }
+    for (auto& c : channels_)
+      if (c) c->wake_all();
+  }
+
+  // Throws if this transport or the segment `m` (a peer's) has been aborted.
+  void check_aborted(const Mapping& peer_segment, const PeerInfo& peer) const {
+    if (own_.header()->aborted.load(std::memory_order_acquire) == 1)
+      fail(ErrorKind::PeerFailure, std::string(own_.header()->reason));
+    if (peer_segment.header()->aborted.load(std::memory_order_acquire) == 1)
+      fail(ErrorKind::PeerFailure,
+           peer.describe() + " aborted: " + std::string(peer_segment.header()->reason));
+  }
+  const SpinPolicy& spin() const { return spin_; }
+
+ private:
+  void create_own_segment(int rank) {
+    own_.bytes = layout_.total();
+    for (int attempt = 0;; ++attempt) {
+      own_.name = "/pycomm-" + std::to_string(getpid()) + "-" + random_hex(16);
+      const int fd = shm_open(own_.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0 && errno == EEXIST && attempt < 4) continue;
+      if (fd < 0) {
+        own_.name.clear();
+        fail(ErrorKind::Internal, errno_message("pycomm: shm_open(" + own_.name + ")"));
+      }
+      const bool ok = ftruncate(fd, static_cast<off_t>(own_.bytes)) == 0 &&
+                      (own_.base = static_cast<char*>(mmap(nullptr, own_.bytes, PROT_READ | PROT_WRITE,
+                                                           MAP_SHARED, fd, 0))) != MAP_FAILED;
+      const int saved = errno;
+      close(fd);
+      if (!ok) {
+        own_.base = nullptr;
+        errno = saved;
+        fail(ErrorKind::Internal, errno_message("pycomm: cannot size or map " +
+                                                std::to_string(own_.bytes) + " bytes of shared memory"));
+      }
+      break;
+    }
+    SegmentHeader* h = new (own_.base) SegmentHeader{};
+    h->magic = kSegmentMagic;
+    h->owner_rank = static_cast<uint32_t>(rank);
+    h->ring_count = static_cast<uint32_t>(layout_.ring_count);
+    h->chunk_bytes = layout_.chunk_bytes;
+    h->depth = layout_.depth;
+    for (size_t r = 0; r < layout_.ring_count; ++r) new (layout_.control(own_.base, r)) RingControl{};
+  }
+
+  void open_peer_segment(Mapping& m, const std::string& name, int peer) {
+    if (name.rfind("/pycomm-", 0) != 0 || name.find('/', 1) != std::string::npos)
+      fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(peer) + " published an invalid segment name");
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) fail(ErrorKind::PeerFailure, errno_message("pycomm: cannot open shared memory of rank " + std::to_string(peer)));
+    struct stat st {};
+    const bool sized = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == layout_.total();
+    if (sized) m.base = static_cast<char*>(mmap(nullptr, layout_.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    if (!sized || m.base == MAP_FAILED) {
+      m.base = nullptr;
+      fail(ErrorKind::Mismatch, "pycomm: shared memory of rank " + std::to_string(peer) +
+                                    " has an unexpected size (PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH differ between ranks?)");
+    }
+    m.bytes = layout_.total();
+    const SegmentHeader* h = m.header();
+    if (h->magic != kSegmentMagic || h->owner_rank != static_cast<uint32_t>(peer) ||
+        h->chunk_bytes != layout_.chunk_bytes || h->depth != layout_.depth)
+      fail(ErrorKind::Mismatch, "pycomm: shared memory of rank " + std::to_string(peer) + " has a different layout");
+  }
+
+  SpinPolicy spin_;
+  Layout layout_{};
+  Mapping own_;
+  std::map<int, std::unique_ptr<Mapping>> peers_;
+  std::vector<std::unique_ptr<ShmChannel>> channels_;
+};
+
+template <class Ready>
+void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
+                          const Deadline& deadline, const char* what, Ready ready) {
+  if (spin_until(ready, transport_->spin())) return;
+  for (;;) {
+    check_alive(deadline, what);
+    const uint32_t seen = word.load(std::memory_order_acquire);
+    sleeping.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ready()) break;
+    const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(kLivenessSlice));
+    timespec ts{static_cast<time_t>(slice.count() / 1000), static_cast<long>(slice.count() % 1000) * 1000000L};
+    futex(&word, FUTEX_WAIT, seen, &ts);
+    if (ready()) break;
+  }
+  sleeping.store(0, std::memory_order_relaxed);
+}
+
+void ShmChannel::check_alive(const Deadline& deadline, const char* what) {
+  transport_->check_aborted(*theirs_, peer_);
+  if (watch_.exited()) fail(ErrorKind::PeerFailure, peer_.describe() + " exited");
+  if (deadline.expired())
+    fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe());
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup) {
+  return std::make_unique<ShmTransport>(setup);
+}
+
+}  // namespace pycomm
