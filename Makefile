@@ -11,7 +11,7 @@ CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
 BENCH_ARGS ?= --np 4 -b 8 -e 64M
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench cuda-check clean
+.PHONY: all build test bench cuda-check core-test clean
 
 all: build
 
@@ -38,8 +38,18 @@ else
 	@echo "cuda-check: skipped ($(if $(NVCC),no CUDA sources yet,nvcc not found))"
 endif
 
+# The torch-free core's own tests: threads of one process over real shm and TCP.
+CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/device/*.cc)
+CPP_TESTS := $(patsubst tests/cpp/%.cc,build/cpp/%,$(wildcard tests/cpp/test_*.cc))
+build/cpp/%: tests/cpp/%.cc $(CORE_SOURCES) $(wildcard csrc/*/*.h tests/cpp/*.h)
+	@mkdir -p build/cpp
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc -Itests/cpp $(CORE_SOURCES) $< -o $@
+
+core-test: $(CPP_TESTS)
+	@for t in $(CPP_TESTS); do echo "$$t"; timeout 300 $$t || exit 1; done
+
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
-test: build cuda-check
+test: build cuda-check core-test
 	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

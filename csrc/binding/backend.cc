@@ -123,7 +123,8 @@ Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chro
   return rq;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
+                                                          bool blocking) {
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
   try {
     for (Request& rq : l.requests) comm_->validate(rq);
@@ -132,7 +133,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   }
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
   auto job = std::make_shared<Launch>(std::move(l));
-  engine_->submit([this, work, job] {
+  auto task = [this, work, job] {
     try {
       for (const Request& rq : job->requests) comm_->execute(rq);
       for (auto& copy_back : job->after) copy_back();
@@ -142,7 +143,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
     } catch (...) {
       work->complete(std::current_exception());
     }
-  });
+  };
+  if (blocking) engine_->run_or_submit(std::move(task));
+  else engine_->submit(std::move(task));
   return work;
 }
 
@@ -207,7 +210,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Ten
   Launch l;
   add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().defaults);
   l.result = tensors;
-  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l));
+  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -215,7 +218,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vect
   Launch l;
   for (const auto& t : tensors) add_allreduce(l, t, opts.reduceOp, opts.timeout, comm_->config().defaults);
   l.result = tensors;
-  return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l));
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
@@ -228,7 +231,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Ten
   rq.root = static_cast<int>(opts.rootRank);
   l.requests.push_back(rq);
   l.result = tensors;
-  return launch(c10d::OpType::BROADCAST, "pycomm:broadcast", std::move(l));
+  return launch(c10d::OpType::BROADCAST, "pycomm:broadcast", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -242,7 +245,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor
   rq.root = static_cast<int>(opts.rootRank);
   l.requests.push_back(rq);
   l.result = tensors;
-  return launch(c10d::OpType::REDUCE, "pycomm:reduce", std::move(l));
+  return launch(c10d::OpType::REDUCE, "pycomm:reduce", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -252,7 +255,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::ve
   Launch l;
   add_allgather_list(l, outputs[0], in, opts.timeout);
   l.result = outputs[0];
-  return launch(c10d::OpType::ALLGATHER, "pycomm:all_gather", std::move(l));
+  return launch(c10d::OpType::ALLGATHER, "pycomm:all_gather", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -260,7 +263,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& o
   Launch l;
   add_allgather(l, output, input, opts.timeout, comm_->config().defaults);
   l.result = {output};
-  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l));
+  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -273,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_coalesced(std::vect
     add_allgather_list(l, outputs[i], inputs[i], opts.timeout);
     l.result.insert(l.result.end(), outputs[i].begin(), outputs[i].end());
   }
-  return launch(c10d::OpType::ALLGATHER_COALESCED, "pycomm:all_gather_coalesced", std::move(l));
+  return launch(c10d::OpType::ALLGATHER_COALESCED, "pycomm:all_gather_coalesced", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -284,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesc
   Launch l;
   for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, comm_->config().defaults);
   l.result = outputs;
-  return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l));
+  return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -311,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vecto
                       "pycomm: gather: only the root passes output tensors");
   }
   l.requests.push_back(rq);
-  return launch(c10d::OpType::GATHER, "pycomm:gather", std::move(l));
+  return launch(c10d::OpType::GATHER, "pycomm:gather", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::scatter(std::vector<at::Tensor>& outputs,
@@ -336,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::scatter(std::vector<at::Tenso
   }
   l.requests.push_back(rq);
   l.result = outputs;
-  return launch(c10d::OpType::SCATTER, "pycomm:scatter", std::move(l));
+  return launch(c10d::OpType::SCATTER, "pycomm:scatter", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -350,7 +353,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
   Launch l;
   add_reduce_scatter(l, out, at::cat(flat_parts), opts.reduceOp, opts.timeout, comm_->config().defaults);
   l.result = outputs;
-  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l));
+  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -358,7 +361,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tens
   Launch l;
   add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, comm_->config().defaults);
   l.result = {output};
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l));
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -370,7 +373,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesc
   for (size_t i = 0; i < inputs.size(); ++i)
     add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().defaults);
   l.result = outputs;
-  return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "pycomm:reduce_scatter_tensor_coalesced", std::move(l));
+  return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -407,7 +410,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& out
   rq.count = input.numel();
   l.requests.push_back(rq);
   l.result = {output};
-  return launch(c10d::OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", std::move(l));
+  return launch(c10d::OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -439,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tens
     }
   });
   l.result = outputs;
-  return launch(c10d::OpType::ALLTOALL, "pycomm:all_to_all", std::move(l));
+  return launch(c10d::OpType::ALLTOALL, "pycomm:all_to_all", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
@@ -480,31 +483,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::barrier(const c10d::BarrierOp
   rq.options = comm_->config().defaults;
   rq.timeout = op_timeout(opts.timeout);
   l.requests.push_back(rq);
-  return launch(c10d::OpType::BARRIER, "pycomm:barrier", std::move(l));
+  return launch(c10d::OpType::BARRIER, "pycomm:barrier", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op,
-                                                                   const CallOptions& options) {
+                                                                   const CallOptions& options, bool blocking) {
   Launch l;
   add_allreduce(l, tensor, op, c10d::kUnsetTimeout, options);
   l.result = {tensor};
-  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l));
+  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), blocking);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_with(at::Tensor& output, at::Tensor& input,
-                                                                       const c10d::ReduceOp& op, const CallOptions& options) {
+                                                                       const c10d::ReduceOp& op, const CallOptions& options,
+                                                                       bool blocking) {
   Launch l;
   add_reduce_scatter(l, output, input, op, c10d::kUnsetTimeout, options);
   l.result = {output};
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", std::move(l));
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", std::move(l), blocking);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_gather_with(at::Tensor& output, at::Tensor& input,
-                                                                   const CallOptions& options) {
+                                                                   const CallOptions& options, bool blocking) {
   Launch l;
   add_allgather(l, output, input, c10d::kUnsetTimeout, options);
   l.result = {output};
-  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", std::move(l));
+  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", std::move(l), blocking);
 }
 
 }  // namespace pycomm

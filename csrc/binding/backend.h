@@ -72,10 +72,11 @@ class ProcessGroupPycomm final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  // The direct API: the same collectives with per-call options ("" = the group's default).
-  c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options);
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options);
-  c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options);
+  // The direct API: the same collectives with per-call options ("" = the group's default);
+  // `blocking` as for launch().
+  c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
+  c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options, bool blocking);
   CallOptions call_options(const std::string& algorithm, const std::string& compression, const std::string& determinism) const;
   std::string describe_transports() const { return comm_->describe_transports(); }
 
@@ -85,7 +86,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l);
+  // `blocking`: the caller waits right away (async_op=False), so the engine may run it inline.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l, bool blocking = false);
 
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes

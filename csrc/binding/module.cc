@@ -22,17 +22,21 @@ PYBIND11_MODULE(_C, m) {
                                      const std::string& d) { pg.call_options(a, c, d); })
       .def("_all_reduce",
            [](ProcessGroupPycomm& pg, at::Tensor& t, const c10d::ReduceOp& op, const std::string& a,
-              const std::string& c, const std::string& d) { return pg.all_reduce_with(t, op, pg.call_options(a, c, d)); },
+              const std::string& c, const std::string& d, bool blocking) {
+             return pg.all_reduce_with(t, op, pg.call_options(a, c, d), blocking);
+           },
            py::call_guard<py::gil_scoped_release>())
       .def("_reduce_scatter_tensor",
            [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const c10d::ReduceOp& op, const std::string& a,
-              const std::string& c, const std::string& d) {
-             return pg.reduce_scatter_with(out, in, op, pg.call_options(a, c, d));
+              const std::string& c, const std::string& d, bool blocking) {
+             return pg.reduce_scatter_with(out, in, op, pg.call_options(a, c, d), blocking);
            },
            py::call_guard<py::gil_scoped_release>())
       .def("_all_gather_into_tensor",
            [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const std::string& a, const std::string& c,
-              const std::string& d) { return pg.all_gather_with(out, in, pg.call_options(a, c, d)); },
+              const std::string& d, bool blocking) {
+             return pg.all_gather_with(out, in, pg.call_options(a, c, d), blocking);
+           },
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);
 

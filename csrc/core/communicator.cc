@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <sstream>
 
@@ -69,6 +68,13 @@ std::string wire_config(const Config& c) {
   os << static_cast<int>(c.transport) << "/" << c.ranks_per_node << "/" << c.shm_chunk_bytes << "/"
      << c.tcp_chunk_bytes << "/" << c.pipeline_depth;
   return os.str();
+}
+
+// One write per line, so that lines of concurrent ranks and threads do not interleave.
+void log_line(const std::string& line) {
+  const std::string out = line + "\n";
+  ssize_t ignored = write(STDERR_FILENO, out.data(), out.size());
+  (void)ignored;
 }
 
 int cores_available() {
@@ -165,10 +171,13 @@ void Communicator::connect(Store& store, const std::string& prefix) {
     transports_.push_back(make(setup));
     for (int p : *peers) channels_[p] = transports_.back()->channel(p);
   }
-  if (config_.log_level >= LogLevel::Info)
-    std::cerr << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
-              << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
-              << " B, spin " << spin_us << " us\n";
+  if (config_.log_level >= LogLevel::Info) {
+    std::ostringstream os;
+    os << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
+       << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
+       << " B, spin " << spin_us << " us";
+    log_line(os.str());
+  }
 }
 
 std::string Communicator::describe_transports() const {
@@ -244,7 +253,7 @@ void Communicator::execute(const Request& rq) {
                                        "' not started: the group failed earlier: " + poison_);
   }
   if (config_.log_level >= LogLevel::Trace)
-    std::cerr << "pycomm: group '" << group_name_ << "' rank " << rank_ << ": " << describe(cx.stamp) << "\n";
+    log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + describe(cx.stamp));
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
   try {
     switch (rq.collective) {

@@ -16,7 +16,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_SOCKET_IFNAME", "", "Network interface whose IPv4 address TCP listens on (default: loopback within a host, else the first up interface)."},
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
-      {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks)."},
+      {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls before blocking; -1: 50 when local ranks <= cores, else 0."},
       {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO prints one line per group, TRACE one per collective)."},
   };
@@ -61,7 +61,7 @@ Config Config::from_env() {
   c.socket_ifname = knob_value("PYCOMM_SOCKET_IFNAME");
   c.shm_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_SHM_CHUNK_BYTES", 4096, 64 << 20));
   c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
-  c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 1, 64));
+  c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 2, 64));
   c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
   const std::string d = knob_value("PYCOMM_DEBUG");
   if (d == "WARN") c.log_level = LogLevel::Warn;

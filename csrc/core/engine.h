@@ -21,6 +21,9 @@ class Engine {
 
   // `task` must not throw; it reports its own outcome.
   void submit(std::function<void()> task);
+  // Runs `task` on the calling thread if nothing is queued or running (a blocking call
+  // then costs no thread hand-off), else queues it; the order is the same either way.
+  void run_or_submit(std::function<void()> task);
   bool on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
 
  private:
@@ -30,6 +33,7 @@ class Engine {
   std::condition_variable ready_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
+  bool busy_ = false;  // a task is running, on the worker or inline on a caller
   std::thread worker_;
 };
 

@@ -255,9 +255,9 @@ class MeshBuilder {
       if (now >= s_.deadline.at) fail(ErrorKind::Timeout, timeout_message());
       for (auto& o : out_)
         if (o.phase == Phase::Idle && now >= o.retry_at) start_connect(o);
-      in_.erase(std::remove_if(in_.begin(), in_.end(),
-                               [&](const Incoming& i) { return !i.fd || now - i.since > kHandshakeTimeout; }),
-                in_.end());
+      for (auto& i : in_)
+        if (i.fd && now - i.since > kHandshakeTimeout) drop(i);
+      in_.erase(std::remove_if(in_.begin(), in_.end(), [](const Incoming& i) { return !i.fd; }), in_.end());
       Clock::time_point wake = s_.deadline.at;
       fds.clear();
       for (auto& o : out_) {
@@ -605,10 +605,13 @@ class TcpTransport final : public Transport {
     if (io_.joinable()) io_.join();
     // Unread input would make close() send a reset, which can destroy data the peer has
     // not read yet; drop what is queued first.
-    char sink[4096];
-    for (auto& c : channels_)
-      if (c && c->sock_)
-        while (::recv(c->sock_.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+    char sink[16384];
+    for (auto& c : channels_) {
+      if (!c || !c->sock_) continue;
+      ssize_t n;
+      for (size_t drained = 0; drained < kMaxPeek; drained += static_cast<size_t>(n))
+        if ((n = ::recv(c->sock_.get(), sink, sizeof sink, MSG_DONTWAIT)) <= 0) break;
+    }
   }
 
   const char* name() const override { return "tcp"; }
@@ -1034,8 +1037,9 @@ void TcpTransport::write_abort(TcpChannel& c) {
   }
 }
 
-// The peer shut its side down (POLLRDHUP) or the connection broke (POLLHUP/POLLERR) while
-// this channel could not read on (every inbound slot full).
+// The peer shut its side down (POLLRDHUP) or the connection broke (POLLHUP/POLLERR), and
+// read_ready() did not reach the end of the stream: every inbound slot is full, so what
+// the peer sent last (possibly an Abort frame) is still queued in the kernel.
 void TcpTransport::peer_closed(TcpChannel& c, short revents) {
   if (auto reason = peek_abort_reason(c))
     return fail_channel(c, ErrorKind::PeerFailure, c.peer_.describe() + " aborted: " + *reason);

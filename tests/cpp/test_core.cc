@@ -1,0 +1,199 @@
+// Torch-free tests of the core: the per-element numerics, the CPU reduce kernel, and
+// every collective of the Communicator, with threads of one process playing the ranks
+// over the real shared-memory and TCP transports. Exit status 0 when every check passed.
+// Built and run by `make test` (target core-test).
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "core/communicator.h"
+#include "core/numerics.h"
+#include "device/device_ops.h"
+#include "memory_store.h"
+
+using namespace pycomm;
+
+static int failures = 0;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      ++failures;                                          \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                   \
+      std::fprintf(stderr, "\n");                          \
+    }                                                      \
+  } while (0)
+
+static void test_half_and_bf16() {
+  // Every binary16 value survives half -> float -> half; NaN stays NaN.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = float_from_half_bits(static_cast<uint16_t>(h));
+    const uint16_t back = half_bits_from_float(f);
+    const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+    CHECK(nan ? (back & 0x7c00) == 0x7c00 && (back & 0x3ff) : back == h, "half 0x%04x -> 0x%04x", h, back);
+  }
+  struct { float in; uint16_t half; } cases[] = {
+      {1.0f, 0x3c00}, {1.0f + 1.0f / 2048, 0x3c00} /* tie -> even */, {1.0f + 3.0f / 2048, 0x3c02},
+      {65504.0f, 0x7bff}, {65519.0f, 0x7bff}, {65520.0f, 0x7c00} /* rounds to Inf */, {-1e9f, 0xfc00},
+      {5.9604645e-8f, 0x0001} /* smallest subnormal */, {2.9e-8f, 0x0000}, {-0.0f, 0x8000},
+  };
+  for (auto c : cases) CHECK(half_bits_from_float(c.in) == c.half, "half(%g) = 0x%04x", c.in, half_bits_from_float(c.in));
+  CHECK(bf16_bits_from_float(1.0f + 1.0f / 256) == 0x3f80, "bf16 tie to even");
+  CHECK(bf16_bits_from_float(1.0f + 3.0f / 256) == 0x3f82, "bf16 round up");
+  CHECK(bf16_bits_from_float(std::nanf("")) == 0x7fc0, "bf16 NaN");
+  CHECK(float_from_bf16_bits(0x3f80) == 1.0f, "bf16 -> float");
+}
+
+static void test_operators() {
+  CHECK(wrap_add<int8_t>(127, 1) == -128, "int8 sum wraps");
+  CHECK(wrap_mul<int64_t>(INT64_MAX, 2) == -2, "int64 product wraps");
+  CHECK(wrap_mul<uint8_t>(200, 2) == 144, "uint8 product wraps");
+  CHECK(std::isnan(reduce_op<ReduceKind::Max>(1.0f, NAN)), "max propagates NaN");
+  CHECK(std::isnan(reduce_op<ReduceKind::Min>(NAN, 1.0f)), "min propagates NaN");
+  CHECK((finalize<ReduceKind::Avg, int32_t>(-7, 2) == -3), "integer avg truncates toward zero");
+}
+
+static void test_kernel() {
+  const ReduceSpec spec{DataType::Float16, Reduction{ReduceKind::Avg}, 3};
+  std::vector<Half> local(5), out(5);
+  std::vector<float> partial(5);
+  for (int i = 0; i < 5; ++i) {
+    local[i] = Half{half_bits_from_float(static_cast<float>(i))};
+    partial[i] = 2.0f * i;
+  }
+  cpu_ops().reduce(spec, Stage::Final, out.data(), local.data(), partial.data(), 5);
+  for (int i = 0; i < 5; ++i) CHECK(float_from_half_bits(out[i].bits) == static_cast<float>(i), "avg of fp16");
+}
+
+// Runs body(rank, comm) on `n` threads sharing one store.
+static void with_world(int n, TransportChoice transport, const std::function<void(int, Communicator&)>& body) {
+  pycomm_test::MemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Config cfg = Config::from_env();
+        cfg.transport = transport;
+        cfg.shm_chunk_bytes = cfg.tcp_chunk_bytes = 4096;  // many chunks even for small tests
+        Communicator comm(store, r, n, "test", std::chrono::seconds(20), cfg);
+        body(r, comm);
+      } catch (const std::exception& e) {
+        CHECK(false, "rank %d of %d: %s", r, n, e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+static float value(int rank, size_t i) { return static_cast<float>((i * 7 + rank * 3) % 11); }
+
+static void test_collectives(int n, TransportChoice transport) {
+  const size_t count = 3001;  // odd, not divisible by 2..4, several chunks of 4 KiB
+  with_world(n, transport, [&](int r, Communicator& comm) {
+    auto run = [&](Request rq) { comm.validate(rq); comm.execute(rq); };
+    std::vector<float> mine(count * n), out(count * n);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, i);
+    auto sum_at = [&](size_t i) { float s = 0; for (int p = 0; p < n; ++p) s += value(p, i); return s; };
+
+    Request ar;  // in-place all-reduce
+    ar.collective = Collective::AllReduce;
+    std::vector<float> buf(mine.begin(), mine.begin() + count);
+    ar.input = ar.output = buf.data();
+    ar.count = count;
+    run(ar);
+    for (size_t i = 0; i < count; ++i) CHECK(buf[i] == sum_at(i), "allreduce n=%d [%zu]", n, i);
+
+    Request rs;
+    rs.collective = Collective::ReduceScatter;
+    rs.input = mine.data();
+    rs.output = out.data();
+    rs.count = count;
+    run(rs);
+    for (size_t i = 0; i < count; ++i) CHECK(out[i] == sum_at(r * count + i), "reduce_scatter n=%d", n);
+
+    Request ag;
+    ag.collective = Collective::AllGather;
+    ag.input = mine.data();
+    ag.output = out.data();
+    ag.count = count;
+    run(ag);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < count; ++i) CHECK(out[p * count + i] == value(p, i), "allgather n=%d", n);
+
+    for (int root = 0; root < n; ++root) {
+      Request b;
+      b.collective = Collective::Broadcast;
+      b.root = root;
+      std::vector<float> bb(mine.begin(), mine.begin() + count);
+      b.input = b.output = bb.data();
+      b.count = count;
+      run(b);
+      for (size_t i = 0; i < count; ++i) CHECK(bb[i] == value(root, i), "broadcast root %d", root);
+
+      Request red;
+      red.collective = Collective::Reduce;
+      red.root = root;
+      std::vector<float> rb(mine.begin(), mine.begin() + count);
+      red.input = red.output = rb.data();
+      red.count = count;
+      run(red);
+      for (size_t i = 0; i < count; ++i)
+        CHECK(rb[i] == (r == root ? sum_at(i) : value(r, i)), "reduce root %d (non-roots untouched)", root);
+    }
+
+    Request a2a;  // rank r sends p+1 elements to every rank p
+    a2a.collective = Collective::AllToAll;
+    for (int p = 0; p < n; ++p) { a2a.send_counts.push_back(p + 1); a2a.recv_counts.push_back(r + 1); }
+    std::vector<float> a2a_in, a2a_out(n * (r + 1));
+    for (int p = 0; p < n; ++p)
+      for (int i = 0; i <= p; ++i) a2a_in.push_back(100.0f * r + p);
+    a2a.input = a2a_in.data();
+    a2a.output = a2a_out.data();
+    run(a2a);
+    for (int p = 0; p < n; ++p)
+      for (int i = 0; i <= r; ++i) CHECK(a2a_out[p * (r + 1) + i] == 100.0f * p + r, "alltoall");
+
+    if (n > 1) {  // ring of sends, even ranks first so that nothing waits in a cycle
+      Request s, v;
+      s.collective = Collective::Send;
+      s.root = (r + 1) % n;
+      s.input = mine.data();
+      s.count = count;
+      v.collective = Collective::Recv;
+      v.root = (r + n - 1) % n;
+      v.output = out.data();
+      v.count = count;
+      if (r % 2 == 0) { run(s); run(v); } else { run(v); run(s); }
+      for (size_t i = 0; i < count; ++i) CHECK(out[i] == value((r + n - 1) % n, i), "send/recv");
+    }
+    Request bar;
+    bar.collective = Collective::Barrier;
+    run(bar);
+  });
+}
+
+static void test_mismatch_is_reported() {
+  with_world(2, TransportChoice::Shm, [&](int r, Communicator& comm) {
+    std::vector<float> buf(10 + r);
+    Request rq;
+    rq.collective = Collective::AllReduce;
+    rq.input = rq.output = buf.data();
+    rq.count = buf.size();
+    comm.validate(rq);
+    bool raised = false;
+    try { comm.execute(rq); } catch (const Error& e) { raised = e.kind() == ErrorKind::Mismatch || e.kind() == ErrorKind::PeerFailure; }
+    CHECK(raised, "rank %d: count mismatch not reported", r);
+  });
+}
+
+int main() {
+  test_half_and_bf16();
+  test_operators();
+  test_kernel();
+  for (auto t : {TransportChoice::Shm, TransportChoice::Tcp})
+    for (int n = 1; n <= 4; ++n) test_collectives(n, t);
+  test_mismatch_is_reported();
+  std::printf("test_core: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
+  return failures ? 1 : 0;
+}
