@@ -97,6 +97,7 @@ constexpr std::chrono::milliseconds kMaxRetryDelay{500};  // between connect att
 constexpr std::chrono::seconds kAbortFlush{1};            // to deliver Abort frames
 constexpr std::chrono::seconds kLinger{5};                // to flush committed frames on destroy
 constexpr size_t kMaxPeek = size_t{64} << 20;             // receive queue scanned for an Abort
+constexpr size_t kMaxDrain = size_t{64} << 20;            // unread input dropped before close
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 
 // Owns one file descriptor.
@@ -247,10 +248,8 @@ class MeshBuilder {
     if (incoming_left_ > 0) listen_on(addr);
     for (int p : s_.peers)
       if (p < s_.rank) add_outgoing(p);
-    size_t done = 0;
-    const size_t total = s_.peers.size();
     std::vector<pollfd> fds;
-    while ((done = connected()) < total) {
+    while (connected() < s_.peers.size()) {
       const auto now = Clock::now();
       if (now >= s_.deadline.at) fail(ErrorKind::Timeout, timeout_message());
       for (auto& o : out_)
@@ -609,7 +608,7 @@ class TcpTransport final : public Transport {
     for (auto& c : channels_) {
       if (!c || !c->sock_) continue;
       ssize_t n;
-      for (size_t drained = 0; drained < kMaxPeek; drained += static_cast<size_t>(n))
+      for (size_t drained = 0; drained < kMaxDrain; drained += static_cast<size_t>(n))
         if ((n = ::recv(c->sock_.get(), sink, sizeof sink, MSG_DONTWAIT)) <= 0) break;
     }
   }
@@ -659,7 +658,8 @@ class TcpTransport final : public Transport {
     (void)ignored;
   }
 
-  // Wakes compute threads after a change of guarded state; called with mu_ held.
+  // Records a change of guarded state for spinning waiters; called with mu_ held. The
+  // caller notifies cv_ once it has released mu_.
   void changed_locked() { ++events_; }
 
   void io_main();
