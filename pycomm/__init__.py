@@ -68,7 +68,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
     """In-place all-reduce of ``tensor`` like ``dist.all_reduce``, with per-call options:
     ``algorithm`` (auto|ring|...), ``compression`` (none|fp16|...), ``deterministic``
     (False|True|"exact"); None takes the group's setting from the environment."""
-    work = _backend_of(group, tensor)._all_reduce(tensor, op, *_options(algorithm, compression, deterministic))
+    work = _backend_of(group, tensor)._all_reduce(
+        tensor, op, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
 
 
@@ -76,7 +77,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorit
                           compression=None, deterministic=None, async_op=False):
     """Like ``dist.reduce_scatter_tensor``, with the per-call options of :func:`all_reduce`."""
     work = _backend_of(group, input)._reduce_scatter_tensor(
-        output, input, op, *_options(algorithm, compression, deterministic))
+        output, input, op, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
 
 
@@ -84,5 +85,5 @@ def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compres
                            deterministic=None, async_op=False):
     """Like ``dist.all_gather_into_tensor``, with the per-call options of :func:`all_reduce`."""
     work = _backend_of(group, input)._all_gather_into_tensor(
-        output, input, *_options(algorithm, compression, deterministic))
+        output, input, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
