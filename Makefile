@@ -9,6 +9,7 @@ SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -nam
 NVCC := $(shell command -v nvcc 2>/dev/null)
 CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
 BENCH_ARGS ?= --np 4 -b 8 -e 64M
+LATENCY_ARGS ?= --np 4 -b 8 -e 1M --mode blocking
 PYTEST_ARGS ?=
 
 .PHONY: all build test bench cuda-check core-test clean
@@ -53,8 +54,10 @@ test: build cuda-check core-test
 	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# Throughput (back-to-back calls) over the whole range, then per-call latency of small ones.
 bench: build
 	$(PY) -m pycomm.bench $(BENCH_ARGS)
+	$(PY) -m pycomm.bench $(LATENCY_ARGS)
 
 clean:
 	rm -rf build pycomm/_C*.so $(EXT_STAMP) pycomm.egg-info
