@@ -12,7 +12,9 @@ void p2p_send(const Context& cx, const Request& rq) {
 }
 
 void p2p_recv(const Context& cx, const Request& rq) {
-  recv_bytes(cx, rq.root, rq.output, rq.count * element_size(rq.dtype));
+  Context as_sent = cx;  // frames carry the sender's stamp
+  as_sent.stamp.collective = static_cast<uint8_t>(Collective::Send);
+  recv_bytes(as_sent, rq.root, rq.output, rq.count * element_size(rq.dtype));
 }
 
 }  // namespace pycomm

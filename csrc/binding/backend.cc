@@ -9,6 +9,10 @@
 namespace pycomm {
 namespace {
 
+// Sends to a peer and receives from it are separate lanes: they use opposite directions
+// of the pair's channel and must not wait for each other.
+int p2p_lane(int peer, bool send) { return 2 * peer + (send ? 1 : 0); }
+
 std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
   return t == c10d::kUnsetTimeout ? std::chrono::milliseconds(0) : t;
 }
@@ -46,10 +50,11 @@ PycommWork::PycommWork(int rank, c10d::OpType type, const char* title, std::vect
     : Work(rank, type, title), result_(std::move(result)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
+// The future first: a caller woken by wait() may read get_future().value() at once.
 void PycommWork::complete(std::exception_ptr error) {
-  finish(error);
   if (error) future_->setError(error);
   else future_->markCompleted(c10::IValue(result_));
+  finish(error);
 }
 
 at::Tensor Launch::in(const at::Tensor& t) {
@@ -101,9 +106,9 @@ void ProcessGroupPycomm::shutdown() {
   comm_.reset();
 }
 
-CallOptions ProcessGroupPycomm::call_options(const std::string& algorithm, const std::string& compression,
-                                             const std::string& determinism) const {
-  CallOptions o = comm_->config().defaults;
+CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& algorithm,
+                                             const std::string& compression, const std::string& determinism) const {
+  CallOptions o = comm_->config().options_for(c);
   try {
     if (!algorithm.empty()) o.algorithm = parse_algorithm(algorithm);
     if (!compression.empty()) o.compression = parse_compression(compression);
@@ -118,13 +123,13 @@ Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chro
   Request rq;
   rq.collective = c;
   rq.dtype = to_core(t.scalar_type());
-  rq.options = comm_->config().defaults;
+  rq.options = comm_->config().options_for(c);
   rq.timeout = op_timeout(timeout);
   return rq;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
-                                                          bool blocking) {
+                                                          bool blocking, int lane) {
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
   try {
     for (Request& rq : l.requests) comm_->validate(rq);
@@ -144,8 +149,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
       work->complete(std::current_exception());
     }
   };
-  if (blocking) engine_->run_or_submit(std::move(task));
-  else engine_->submit(std::move(task));
+  if (blocking && lane == Engine::kOrdered) engine_->run_or_submit(std::move(task));
+  else engine_->submit(std::move(task), lane);
   return work;
 }
 
@@ -208,7 +213,7 @@ void ProcessGroupPycomm::add_allgather_list(Launch& l, const std::vector<at::Ten
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   Launch l;
-  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().defaults);
+  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), !opts.asyncOp);
 }
@@ -216,7 +221,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Ten
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
   Launch l;
-  for (const auto& t : tensors) add_allreduce(l, t, opts.reduceOp, opts.timeout, comm_->config().defaults);
+  for (const auto& t : tensors)
+    add_allreduce(l, t, opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -261,7 +267,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::ve
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::AllgatherOptions& opts) {
   Launch l;
-  add_allgather(l, output, input, opts.timeout, comm_->config().defaults);
+  add_allgather(l, output, input, opts.timeout, comm_->config().options_for(Collective::AllGather));
   l.result = {output};
   return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l), !opts.asyncOp);
 }
@@ -285,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesc
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   Launch l;
-  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, comm_->config().defaults);
+  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, comm_->config().options_for(Collective::AllGather));
   l.result = outputs;
   return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -351,7 +357,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
   std::vector<at::Tensor> flat_parts;
   for (const auto& t : inputs[0]) flat_parts.push_back(t.reshape(-1));
   Launch l;
-  add_reduce_scatter(l, out, at::cat(flat_parts), opts.reduceOp, opts.timeout, comm_->config().defaults);
+  add_reduce_scatter(l, out, at::cat(flat_parts), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l), !opts.asyncOp);
 }
@@ -359,7 +365,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
   Launch l;
-  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, comm_->config().defaults);
+  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
   l.result = {output};
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l), !opts.asyncOp);
 }
@@ -371,7 +377,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesc
                     " outputs for ", inputs.size(), " inputs");
   Launch l;
   for (size_t i = 0; i < inputs.size(); ++i)
-    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().defaults);
+    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -455,7 +461,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>&
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;
-  return launch(c10d::OpType::SEND, "pycomm:send", std::move(l));
+  return launch(c10d::OpType::SEND, "pycomm:send", std::move(l), false, p2p_lane(dst, true));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
@@ -468,7 +474,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recv(std::vector<at::Tensor>&
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;
-  return launch(c10d::OpType::RECV, "pycomm:recv", std::move(l));
+  return launch(c10d::OpType::RECV, "pycomm:recv", std::move(l), false, p2p_lane(src, false));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>&, int) {
@@ -480,7 +486,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::barrier(const c10d::BarrierOp
   Request rq;
   rq.collective = Collective::Barrier;
   rq.dtype = DataType::UInt8;
-  rq.options = comm_->config().defaults;
+  rq.options = comm_->config().options_for(Collective::Barrier);
   rq.timeout = op_timeout(opts.timeout);
   l.requests.push_back(rq);
   return launch(c10d::OpType::BARRIER, "pycomm:barrier", std::move(l), !opts.asyncOp);

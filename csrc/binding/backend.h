@@ -77,7 +77,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
   c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options, bool blocking);
-  CallOptions call_options(const std::string& algorithm, const std::string& compression, const std::string& determinism) const;
+  CallOptions call_options(Collective c, const std::string& algorithm, const std::string& compression,
+                           const std::string& determinism) const;
   std::string describe_transports() const { return comm_->describe_transports(); }
 
  private:
@@ -86,8 +87,10 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
-  // `blocking`: the caller waits right away (async_op=False), so the engine may run it inline.
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l, bool blocking = false);
+  // `blocking`: the caller waits right away (async_op=False), so the engine may run it
+  // inline. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l, bool blocking = false,
+                                        int lane = Engine::kOrdered);
 
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes

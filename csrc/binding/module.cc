@@ -18,24 +18,22 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("group_name"),
            py::call_guard<py::gil_scoped_release>())
-      .def("_call_options_check", [](const ProcessGroupPycomm& pg, const std::string& a, const std::string& c,
-                                     const std::string& d) { pg.call_options(a, c, d); })
       .def("_all_reduce",
            [](ProcessGroupPycomm& pg, at::Tensor& t, const c10d::ReduceOp& op, const std::string& a,
               const std::string& c, const std::string& d, bool blocking) {
-             return pg.all_reduce_with(t, op, pg.call_options(a, c, d), blocking);
+             return pg.all_reduce_with(t, op, pg.call_options(pycomm::Collective::AllReduce, a, c, d), blocking);
            },
            py::call_guard<py::gil_scoped_release>())
       .def("_reduce_scatter_tensor",
            [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const c10d::ReduceOp& op, const std::string& a,
               const std::string& c, const std::string& d, bool blocking) {
-             return pg.reduce_scatter_with(out, in, op, pg.call_options(a, c, d), blocking);
+             return pg.reduce_scatter_with(out, in, op, pg.call_options(pycomm::Collective::ReduceScatter, a, c, d), blocking);
            },
            py::call_guard<py::gil_scoped_release>())
       .def("_all_gather_into_tensor",
            [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const std::string& a, const std::string& c,
               const std::string& d, bool blocking) {
-             return pg.all_gather_with(out, in, pg.call_options(a, c, d), blocking);
+             return pg.all_gather_with(out, in, pg.call_options(pycomm::Collective::AllGather, a, c, d), blocking);
            },
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);

@@ -228,8 +228,7 @@ OpStamp Communicator::stamp_for(const Request& rq) {
   s.collective = static_cast<uint8_t>(rq.collective);
   s.root = rq.root;
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
-    // Both ends stamp a p2p frame alike: as a send, numbered on the pair's stream.
-    s.collective = static_cast<uint8_t>(Collective::Send);
+    // Numbered on the pair's own stream; each counter belongs to one p2p lane.
     s.root = rq.tag;
     s.seq = rq.collective == Collective::Send ? sends_to_[rq.root]++ : recvs_from_[rq.root]++;
   } else {

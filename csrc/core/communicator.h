@@ -1,6 +1,7 @@
-// A communicator: one group's ranks, their channels, and the execution of one operation
-// at a time with sticky errors. Not thread-safe except abort(): the group's progress
-// engine is the only caller of execute().
+// A communicator: one group's ranks, their channels, and the execution of operations with
+// sticky errors. Callers (the group's engine) run collectives one at a time, with no p2p
+// in flight; p2p operations of different (peer, direction) lanes may run concurrently,
+// since they touch disjoint channel directions and counters. abort() is thread-safe.
 #pragma once
 
 #include <atomic>

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "error.h"
@@ -8,7 +9,7 @@ namespace pycomm {
 
 const std::vector<Knob>& knobs() {
   static const std::vector<Knob> table = {
-      {"PYCOMM_ALGO", "auto", "Algorithm for every collective: auto|ring|tree|hierarchical|oneshot|twoshot."},
+      {"PYCOMM_ALGO", "auto", "Algorithm: auto|ring|tree|hierarchical|oneshot|twoshot for every collective, or per collective: allreduce=tree,reducescatter=ring."},
       {"PYCOMM_COMPRESSION", "none", "Wire compression of floating reductions: none|fp16|bf16|fp8_e4m3|fp8_e5m2."},
       {"PYCOMM_DETERMINISTIC", "0", "Determinism level: 0 (every rank identical, run to run), 1 (fixed order), exact."},
       {"PYCOMM_TRANSPORT", "auto", "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one."},
@@ -45,11 +46,39 @@ long long int_knob(const char* name, long long lo, long long hi) {
   return v;
 }
 
+// "ring" sets every collective; "allreduce=tree,reducescatter=ring" sets those named
+// (collective names as in logs, underscores optional) and leaves the others on auto.
+void parse_algorithms(const std::string& value, Config& c) {
+  if (value.find('=') == std::string::npos) {
+    c.defaults.algorithm = parse_algorithm(value);
+    for (auto& a : c.algorithm_of) a = c.defaults.algorithm;
+    return;
+  }
+  std::string rest = value;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const size_t eq = item.find('=');
+    std::string name = item.substr(0, eq);
+    name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+    int found = -1;
+    for (int i = 0; i < kCollectiveCount; ++i) {
+      std::string known = name_of(static_cast<Collective>(i));
+      known.erase(std::remove(known.begin(), known.end(), '_'), known.end());
+      if (known == name) found = i;
+    }
+    if (eq == std::string::npos || found < 0)
+      fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_ALGO item '" + item + "' is not <collective>=<algorithm> (e.g. allreduce=ring)");
+    c.algorithm_of[found] = parse_algorithm(item.substr(eq + 1));
+  }
+}
+
 }  // namespace
 
 Config Config::from_env() {
   Config c;
-  c.defaults.algorithm = parse_algorithm(knob_value("PYCOMM_ALGO"));
+  parse_algorithms(knob_value("PYCOMM_ALGO"), c);
   c.defaults.compression = parse_compression(knob_value("PYCOMM_COMPRESSION"));
   c.defaults.determinism = parse_determinism(knob_value("PYCOMM_DETERMINISTIC"));
   const std::string t = knob_value("PYCOMM_TRANSPORT");

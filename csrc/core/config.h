@@ -21,8 +21,17 @@ const std::vector<Knob>& knobs();
 enum class TransportChoice : uint8_t { Auto, Shm, Tcp };
 enum class LogLevel : uint8_t { Warn, Info, Trace };
 
+constexpr int kCollectiveCount = static_cast<int>(Collective::Barrier) + 1;
+
 struct Config {
   CallOptions defaults;               // PYCOMM_ALGO, PYCOMM_COMPRESSION, PYCOMM_DETERMINISTIC
+  Algorithm algorithm_of[kCollectiveCount] = {};  // PYCOMM_ALGO, per collective
+
+  CallOptions options_for(Collective c) const {
+    CallOptions o = defaults;
+    o.algorithm = algorithm_of[static_cast<int>(c)];
+    return o;
+  }
   TransportChoice transport = TransportChoice::Auto;
   int ranks_per_node = 0;             // 0: group ranks into nodes by host
   std::string socket_ifname;          // empty: loopback within a host, else first up interface

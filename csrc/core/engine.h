@@ -1,11 +1,16 @@
-// The progress engine of a group: one worker thread that runs submitted tasks one at a
-// time, in submission order. The order of operations on a group is therefore the order in
-// which the caller issued them, on every rank, whatever thread completes them.
+// The progress engine of a group. Collectives run one at a time, in issue order, on one
+// worker thread, so the order of collectives is the same on every rank. Point-to-point
+// operations are different: like Gloo's, a posted recv must not stop a later send (every
+// rank posting irecv then send is a common pattern), so each (peer, direction) has a lane
+// of its own that runs its operations in issue order, independently of the other lanes.
+// A collective waits until every lane has drained; operations issued after it wait for it.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -13,28 +18,41 @@ namespace pycomm {
 
 class Engine {
  public:
+  static constexpr int kOrdered = -1;  // the lane of collectives
+
   Engine();
-  // Runs every task already submitted, then stops the worker.
+  // Runs every task already submitted, then stops the threads.
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // `task` must not throw; it reports its own outcome.
-  void submit(std::function<void()> task);
-  // Runs `task` on the calling thread if nothing is queued or running (a blocking call
-  // then costs no thread hand-off), else queues it; the order is the same either way.
+  // `task` must not throw; it reports its own outcome. `lane` >= 0 names a p2p lane.
+  void submit(std::function<void()> task, int lane = kOrdered);
+  // Runs an ordered `task` on the calling thread if nothing is queued or running (a
+  // blocking call then costs no thread hand-off), else queues it; the order is the same.
   void run_or_submit(std::function<void()> task);
-  bool on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
 
  private:
+  struct Item {
+    std::function<void()> task;
+    int lane;
+  };
+  struct Lane {
+    std::deque<std::function<void()>> queue;
+    std::thread thread;
+  };
   void run();
+  void run_lane(Lane* lane);
+  bool on_engine_thread() const;
 
   std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> queue_;
+  std::condition_variable changed_;   // any state below changed
+  std::deque<Item> queue_;            // not yet started, in issue order
+  std::map<int, std::unique_ptr<Lane>> lanes_;
+  int lane_tasks_ = 0;                // handed to lanes and not finished
+  bool busy_ = false;                 // an ordered task is running (worker or inline)
   bool stopping_ = false;
-  bool busy_ = false;  // a task is running, on the worker or inline on a caller
-  std::thread worker_;
+  std::thread worker_;                // started last: every member above exists
 };
 
 }  // namespace pycomm
