@@ -23,10 +23,11 @@ $(DEPS_STAMP): requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-# The editable install records the package once; later rebuilds are incremental (ninja).
+# Built in place (incremental, ninja); a .pth file puts this checkout on .venv's path so
+# `import pycomm` works from any directory (torchrun scripts, spawned ranks).
 $(EXT_STAMP): $(DEPS_STAMP) $(SOURCES)
-	@test -d pycomm.egg-info || $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(PY) setup.py --quiet build_ext --inplace
+	$(PY) -c "import os, sysconfig; open(os.path.join(sysconfig.get_paths()['purelib'], 'pycomm-checkout.pth'), 'w').write(os.getcwd() + '\n')"
 	touch $@
 
 build: $(EXT_STAMP)
