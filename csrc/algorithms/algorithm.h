@@ -34,13 +34,13 @@ struct Request {
 struct Context {
   int rank = 0;
   int size = 1;
-  std::vector<Channel*> channels;  // by peer rank; null for self
+  const std::vector<Channel*>* channels = nullptr;  // by peer rank; null for self
   const DeviceOps* ops = nullptr;
   size_t chunk_bytes = 0;          // the same on every rank: min over the group's channels
   Deadline deadline;
   OpStamp stamp;                   // stamped on every frame of this operation
 
-  Channel& to(int peer) const { return *channels[peer]; }
+  Channel& to(int peer) const { return *(*channels)[peer]; }
   ReduceSpec spec(const Request& r) const { return ReduceSpec{r.dtype, r.reduction, size}; }
 };
 

@@ -47,13 +47,33 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
 }  // namespace
 
 PycommWork::PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result)
-    : Work(rank, type, title), result_(std::move(result)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+    : Work(rank, type, title), result_(std::move(result)) {}
+
+void PycommWork::settle(c10::ivalue::Future& future) const {
+  if (error_) future.setError(error_);
+  else future.markCompleted(c10::IValue(result_));
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> PycommWork::getFuture() {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  if (!future_) {
+    static const auto type = c10::ListType::create(c10::TensorType::get());
+    future_ = c10::make_intrusive<c10::ivalue::Future>(type);
+    if (done_) settle(*future_);
+  }
+  return future_;
+}
 
 // The future first: a caller woken by wait() may read get_future().value() at once.
 void PycommWork::complete(std::exception_ptr error) {
-  if (error) future_->setError(error);
-  else future_->markCompleted(c10::IValue(result_));
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    error_ = error;
+    done_ = true;
+    future = future_;
+  }
+  if (future) settle(*future);  // outside the lock: callbacks may run here
   finish(error);
 }
 

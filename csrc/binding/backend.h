@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,13 +21,21 @@ class PycommWork final : public c10d::Work {
  public:
   PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result);
   std::vector<at::Tensor> result() override { return result_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  // Completes the work (and its future) with success or `error`; called once, by the engine.
+  // Created on first use: most callers only wait(), and a future costs allocations and a
+  // traversal of the result on every completion.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // Completes the work (and its future, if any) with success or `error`; called once, by
+  // the engine.
   void complete(std::exception_ptr error);
 
  private:
+  void settle(c10::ivalue::Future& future) const;  // marks it as this work ended
+
   std::vector<at::Tensor> result_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex future_mutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // guarded by future_mutex_
+  bool done_ = false;                                // guarded by future_mutex_
+  std::exception_ptr error_;                         // set before done_
 };
 
 // What one Work runs: requests in order, then copies out of staging buffers.

@@ -241,7 +241,7 @@ void Communicator::execute(const Request& rq) {
   Context cx;
   cx.rank = rank_;
   cx.size = size_;
-  cx.channels = channels_;
+  cx.channels = &channels_;
   cx.ops = &cpu_ops();
   cx.chunk_bytes = chunk_bytes_;
   cx.stamp = stamp_for(rq);
