@@ -3,6 +3,7 @@
 // Channel and DeviceOps and therefore run over any transport and memory.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <vector>
@@ -44,6 +45,9 @@ struct Context {
   ReduceSpec spec(const Request& r) const { return ReduceSpec{r.dtype, r.reduction, size}; }
 };
 
+inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
 // Balanced split of `count` elements into `parts` contiguous segments; the first
 // count % parts segments hold one element more.
 struct Segments {
@@ -52,8 +56,6 @@ struct Segments {
   size_t length(size_t i) const { return count / parts + (i < count % parts ? 1 : 0); }
 };
 
-inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Frame helpers: one frame of `bytes` to/from a peer; `fill`/`use` work on the slot.
 template <class Fill>
@@ -81,11 +83,24 @@ void recv_frame(const Context& cx, int peer, size_t bytes, Use use) {
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes);
 void recv_bytes(const Context& cx, int peer, void* data, size_t bytes);
 
-// Ring building blocks shared by the ring collectives (see their files).
-void ring_reduce_scatter_segments(const Context& cx, const Request& rq, const Segments& seg,
-                                  void* own_out);
-void ring_all_gather_segments(const Context& cx, const Request& rq, const Segments& seg,
-                              void* buffer);
+// Ring building blocks shared by the ring collectives (see their files). A ring pass is
+// cut into chunks; chunk c covers elements [c*chunk, (c+1)*chunk) of every segment, so a
+// chunk's frames are the same on every rank.
+struct RingChunks {
+  Segments seg;
+  size_t chunk;  // elements
+  size_t count() const { return ceil_div(seg.length(0), chunk); }  // segment 0 is the longest
+  // Elements [first, first + len) of segment s in chunk c; len is 0 when it has none.
+  void piece(int s, size_t c, size_t& first, size_t& len) const {
+    const size_t l = seg.length(s), off = c * chunk;
+    first = seg.begin(s) + off;
+    len = off < l ? std::min(chunk, l - off) : 0;
+  }
+};
+void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+                               void* own_out);
+void ring_all_gather_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+                           void* buffer);
 
 void ring_allreduce(const Context& cx, const Request& rq);
 void ring_reduce_scatter(const Context& cx, const Request& rq);

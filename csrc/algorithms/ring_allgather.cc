@@ -10,31 +10,23 @@
 
 namespace pycomm {
 
-void ring_all_gather_segments(const Context& cx, const Request& rq, const Segments& seg,
-                              void* buffer) {
+void ring_all_gather_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+                           void* buffer) {
   const int n = cx.size, r = cx.rank, right = mod(r + 1, n), left = mod(r - 1, n);
-  const size_t es = element_size(rq.dtype), chunk = cx.chunk_bytes / es;
+  const size_t es = element_size(rq.dtype);
   auto* buf = static_cast<char*>(buffer);
-  const size_t chunks = ceil_div(seg.length(0), chunk);
-  for (size_t c = 0; c < chunks; ++c) {
-    auto piece = [&](int s, size_t& first, size_t& len) {
-      const size_t l = seg.length(s), off = c * chunk;
-      first = seg.begin(s) + off;
-      len = off < l ? std::min(chunk, l - off) : 0;
-    };
-    size_t first, len;
-    piece(r, first, len);  // step 0
-    if (len)
-      send_frame(cx, right, len * es, [&](void* slot) { cx.ops->copy(slot, buf + first * es, len * es); });
-    for (int k = 0; k <= n - 2; ++k) {
-      piece(mod(r - 1 - k, n), first, len);
-      if (!len) continue;
-      recv_frame(cx, left, len * es, [&](const void* data) {
-        cx.ops->copy(buf + first * es, data, len * es);
-        if (k < n - 2)
-          send_frame(cx, right, len * es, [&](void* slot) { cx.ops->copy(slot, data, len * es); });
-      });
-    }
+  size_t first, len;
+  ring.piece(r, c, first, len);  // step 0
+  if (len)
+    send_frame(cx, right, len * es, [&](void* slot) { cx.ops->copy(slot, buf + first * es, len * es); });
+  for (int k = 0; k <= n - 2; ++k) {
+    ring.piece(mod(r - 1 - k, n), c, first, len);
+    if (!len) continue;
+    recv_frame(cx, left, len * es, [&](const void* data) {
+      cx.ops->copy(buf + first * es, data, len * es);
+      if (k < n - 2)
+        send_frame(cx, right, len * es, [&](void* slot) { cx.ops->copy(slot, data, len * es); });
+    });
   }
 }
 
@@ -42,8 +34,9 @@ void ring_allgather(const Context& cx, const Request& rq) {
   const size_t es = element_size(rq.dtype);
   auto* out = static_cast<char*>(rq.output);
   cx.ops->copy(out + cx.rank * rq.count * es, rq.input, rq.count * es);
-  if (cx.size > 1)
-    ring_all_gather_segments(cx, rq, Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, out);
+  if (cx.size == 1) return;
+  const RingChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, cx.chunk_bytes / es};
+  for (size_t c = 0; c < ring.count(); ++c) ring_all_gather_chunk(cx, rq, ring, c, out);
 }
 
 }  // namespace pycomm

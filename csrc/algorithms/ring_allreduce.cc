@@ -1,22 +1,31 @@
 // Ring all-reduce: ring reduce-scatter of balanced segments (segment r ends reduced and
-// rounded on rank r, in place in the output), then ring all-gather of those segments.
-// Works in place (input == output): a rank overwrites segment r only after the last read
-// of its own input for that segment, and the other segments only in the all-gather phase,
-// after every read of its input.
+// rounded on rank r, in place in the output), then ring all-gather of those segments,
+// interleaved chunk by chunk: chunk c of my segment is forwarded by the all-gather right
+// after the reduce-scatter rounded it, while it is still in cache (one pass over DRAM
+// less than running the two phases one after the other). Both phases use the chunk size
+// of the wider (accumulation) format so that their chunks line up.
+// Deadlock freedom: per chunk the pattern is still send, (recv, send)*, recv per phase.
+// In place (input == output) is safe: a rank overwrites chunk c of segment r only after
+// its last read of its own input there, and chunk c of other segments only in the
+// all-gather of chunk c, after the reduce-scatter of chunk c read them.
 // Bytes sent per rank: (n-1)/n * count * (accum_size + element_size). Transports: any.
 #include "algorithms/algorithm.h"
+#include "core/dispatch.h"
 
 namespace pycomm {
 
 void ring_allreduce(const Context& cx, const Request& rq) {
-  const Segments seg{rq.count, static_cast<size_t>(cx.size)};
   if (cx.size == 1) {
     cx.ops->reduce(cx.spec(rq), Stage::Final, rq.output, rq.input, nullptr, rq.count);
     return;
   }
+  const RingChunks ring{Segments{rq.count, static_cast<size_t>(cx.size)}, cx.chunk_bytes / accum_size(rq.dtype)};
   auto* out = static_cast<char*>(rq.output);
-  ring_reduce_scatter_segments(cx, rq, seg, out + seg.begin(cx.rank) * element_size(rq.dtype));
-  ring_all_gather_segments(cx, rq, seg, out);
+  char* own = out + ring.seg.begin(cx.rank) * element_size(rq.dtype);
+  for (size_t c = 0; c < ring.count(); ++c) {
+    ring_reduce_scatter_chunk(cx, rq, ring, c, own);
+    ring_all_gather_chunk(cx, rq, ring, c, out);
+  }
 }
 
 }  // namespace pycomm

@@ -18,51 +18,42 @@
 
 namespace pycomm {
 
-void ring_reduce_scatter_segments(const Context& cx, const Request& rq, const Segments& seg,
-                                  void* own_out) {
+void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+                               void* own_out) {
   const int n = cx.size, r = cx.rank, right = mod(r + 1, n), left = mod(r - 1, n);
   const ReduceSpec spec = cx.spec(rq);
   const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
-  const size_t chunk = cx.chunk_bytes / ws;
   const auto* in = static_cast<const char*>(rq.input);
-  const size_t chunks = ceil_div(seg.length(0), chunk);  // segment 0 is the longest
-  for (size_t c = 0; c < chunks; ++c) {
-    // Elements [first, first+len) of segment s that chunk c covers; len 0 when it has none.
-    auto piece = [&](int s, size_t& first, size_t& len) {
-      const size_t l = seg.length(s), off = c * chunk;
-      first = seg.begin(s) + off;
-      len = off < l ? std::min(chunk, l - off) : 0;
-    };
-    size_t first, len;
-    piece(mod(r - 1, n), first, len);  // step 0
-    if (len)
-      send_frame(cx, right, len * ws, [&](void* slot) {
-        cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len);
-      });
-    for (int k = 0; k <= n - 2; ++k) {
-      piece(mod(r - 2 - k, n), first, len);
-      if (!len) continue;
-      recv_frame(cx, left, len * ws, [&](const void* partial) {
-        if (k == n - 2) {
-          char* out = static_cast<char*>(own_out) + (first - seg.begin(r)) * es;
-          cx.ops->reduce(spec, Stage::Final, out, in + first * es, partial, len);
-        } else {
-          send_frame(cx, right, len * ws, [&](void* slot) {
-            cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len);
-          });
-        }
-      });
-    }
+  size_t first, len;
+  ring.piece(mod(r - 1, n), c, first, len);  // step 0
+  if (len)
+    send_frame(cx, right, len * ws, [&](void* slot) {
+      cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len);
+    });
+  for (int k = 0; k <= n - 2; ++k) {
+    ring.piece(mod(r - 2 - k, n), c, first, len);
+    if (!len) continue;
+    recv_frame(cx, left, len * ws, [&](const void* partial) {
+      if (k == n - 2) {
+        char* out = static_cast<char*>(own_out) + (first - ring.seg.begin(r)) * es;
+        cx.ops->reduce(spec, Stage::Final, out, in + first * es, partial, len);
+      } else {
+        send_frame(cx, right, len * ws, [&](void* slot) {
+          cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len);
+        });
+      }
+    });
   }
 }
 
 void ring_reduce_scatter(const Context& cx, const Request& rq) {
-  const Segments seg{rq.count * cx.size, static_cast<size_t>(cx.size)};
   if (cx.size == 1) {
     cx.ops->reduce(cx.spec(rq), Stage::Final, rq.output, rq.input, nullptr, rq.count);
     return;
   }
-  ring_reduce_scatter_segments(cx, rq, seg, rq.output);
+  const RingChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)},
+                        cx.chunk_bytes / accum_size(rq.dtype)};
+  for (size_t c = 0; c < ring.count(); ++c) ring_reduce_scatter_chunk(cx, rq, ring, c, rq.output);
 }
 
 }  // namespace pycomm

@@ -4,6 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
+
 #include "core/store.h"
 
 namespace pycomm {
@@ -19,6 +21,14 @@ class TorchStore final : public Store {
     return std::string(v.begin(), v.end());
   }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  bool wait(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, std::max(timeout, std::chrono::milliseconds(1)));
+      return true;
+    } catch (const c10::Error&) {  // DistStoreError on timeout
+      return store_->check({key});
+    }
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

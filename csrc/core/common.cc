@@ -35,10 +35,20 @@ bool spin_until(const std::function<bool()>& ready, const SpinPolicy& policy) {
 }
 
 std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
-                                            int size, const std::string& mine) {
+                                            int size, const std::string& mine, const Deadline& deadline) {
   store.set(prefix + "/" + std::to_string(rank), mine);
   std::vector<std::string> all(size);
-  for (int r = 0; r < size; ++r) all[r] = r == rank ? mine : store.get(prefix + "/" + std::to_string(r));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      all[r] = mine;
+      continue;
+    }
+    const std::string key = prefix + "/" + std::to_string(r);
+    if (!store.wait(key, deadline.remaining()))
+      fail(ErrorKind::Timeout, "pycomm: timed out creating a group: rank " + std::to_string(r) +
+                                   " did not join (rank " + std::to_string(rank) + " waited for it)");
+    all[r] = store.get(key);
+  }
   return all;
 }
 

@@ -104,7 +104,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   const char sep = '\x1f';
   std::ostringstream mine;
   mine << getpid() << sep << hostname() << sep << host_key() << sep << wire_config(config_);
-  const auto all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str());
+  const auto all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str(), Deadline::after(timeout_));
   std::map<std::string, int> node_of_host;
   ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) {

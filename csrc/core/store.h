@@ -2,9 +2,12 @@
 // c10d::Store that torch hands the backend; keys are private to one group.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/deadline.h"
 
 namespace pycomm {
 
@@ -14,12 +17,15 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until `key` exists (up to the store's own timeout), then returns its value.
   virtual std::string get(const std::string& key) = 0;
+  // Blocks until `key` exists or `timeout` passes; false on timeout.
+  virtual bool wait(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Atomically adds `delta` to the integer at `key` (created as 0) and returns the result.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
 
 // Publishes `mine` under `prefix` for `rank` and returns every rank's value, in rank order.
+// A rank that has not published by `deadline` is a Timeout error naming it.
 std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
-                                            int size, const std::string& mine);
+                                            int size, const std::string& mine, const Deadline& deadline);
 
 }  // namespace pycomm

@@ -46,6 +46,11 @@ class MemoryStore final : public pycomm::Store {
     return v;
   }
 
+  bool wait(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return values_.count(key) != 0; });
+  }
+
   bool contains(const std::string& key) {
     std::lock_guard<std::mutex> lk(mu_);
     return values_.count(key) != 0;

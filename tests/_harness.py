@@ -1,0 +1,322 @@
+"""Multi-process harness: run one function on every rank of a real torch.distributed world.
+
+Why this shape:
+* Real processes, started with the "spawn" context (fork is unsafe once torch threads exist).
+* Environment variables from ``env`` must be in place before torch.distributed or pycomm is
+  imported in the child (pycomm reads its knobs when a group is created, but be strict).
+  So this module imports nothing heavy at top level, the child receives the function by
+  name (module + qualname) and its arguments as a pickle blob, and resolves/unpickles both
+  only after the environment is set.
+* One pipe per rank (not a shared Queue): a rank that is SIGKILLed while writing cannot
+  corrupt the other ranks' channel, and its death shows up as EOF.
+* The parent enforces one deadline for the whole world; on the deadline, or as soon as a
+  rank reports a failure (after a short grace so the peers' tracebacks are collected too),
+  every straggler is SIGKILLed and joined, and an AssertionError carrying every rank's
+  story is raised.
+"""
+
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+# The backend under test. "gloo" validates the harness and test logic without pycomm.
+BACKEND = os.environ.get("PYCOMM_TEST_BACKEND", "pycomm")
+
+# Seconds to keep collecting the other ranks' reports after the first failure.
+_FAILURE_GRACE_S = 3.0
+# Per-rank report lines kept in the assertion message (tracebacks can be long).
+_MAX_REPORT_CHARS = 6000
+
+# Filled in the child process: how this world was initialised, so that test functions
+# can re-initialise (hung-peer test) or name the backend without extra arguments.
+WORLD = {}
+
+
+def is_gloo(backend=None):
+    return (backend or WORLD.get("backend") or BACKEND) == "gloo"
+
+
+def free_port():
+    """A TCP port that was free a moment ago on 127.0.0.1 (small race, acceptable in tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def new_file_init_method(directory=None):
+    """A fresh file:// rendezvous URL (the file must not exist yet)."""
+    d = directory or tempfile.mkdtemp(prefix="pycomm-test-")
+    path = os.path.join(d, "rdzv-%d-%d" % (os.getpid(), time.monotonic_ns()))
+    return "file://" + path
+
+
+# --------------------------------------------------------------------------------------
+# child side
+# --------------------------------------------------------------------------------------
+
+def _resolve(module_name, qualname):
+    import importlib
+
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def group_timeout():
+    """The world's group timeout as a timedelta, for new_group(timeout=...) in a rank:
+    torch's default for new groups is 30 minutes, far beyond any test deadline."""
+    import datetime
+
+    return datetime.timedelta(seconds=WORLD["pg_timeout_s"])
+
+
+def _child(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
+           pg_timeout_s, stack_path, conn):
+    # Python stacks of every thread on SIGUSR1: the parent asks for them before killing a
+    # straggler, so a hang is reported with the line it hangs on.
+    import faulthandler
+
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # 1. Environment first: nothing from torch has been imported by this process yet
+    #    (this module is import-light and the arguments are still an opaque blob).
+    for k, v in (env or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    if init == "env":
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(init_arg),
+                          RANK=str(rank), WORLD_SIZE=str(world_size))
+    phase = "setup"
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        if backend == "pycomm":
+            import pycomm  # noqa: F401  (registers the backend)
+        fn = _resolve(*fn_ref)
+        args = pickle.loads(args_blob)
+        if init == "file":
+            init_method = init_arg
+        elif init == "tcp":
+            init_method = "tcp://127.0.0.1:%d" % init_arg
+        elif init == "env":
+            init_method = "env://"
+        else:
+            raise ValueError("unknown init %r" % (init,))
+        WORLD.update(backend=backend, init_method=init_method, rank=rank,
+                     world_size=world_size, pg_timeout_s=pg_timeout_s)
+        phase = "init_process_group"
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=pg_timeout_s))
+        phase = "fn"
+        result = fn(rank, world_size, *args)
+        blob = pickle.dumps(result)
+    except BaseException:
+        conn.send(("err", "[phase %s]\n%s" % (phase, traceback.format_exc())))
+        conn.close()
+        # Do not try to destroy a group that may be stuck: the parent kills us if needed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    conn.send(("ok", blob))
+    # 2. Tear down after reporting, and report the tear-down separately: a destroy that
+    #    raises or hangs is a bug too, but must not hide fn's result.
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        conn.send(("destroyed", None))
+    except BaseException:
+        conn.send(("destroy_err", traceback.format_exc()))
+    conn.close()
+
+
+# --------------------------------------------------------------------------------------
+# parent side
+# --------------------------------------------------------------------------------------
+
+def _fn_ref(fn):
+    mod = getattr(fn, "__module__", None)
+    qual = getattr(fn, "__qualname__", "")
+    if not mod or "<locals>" in qual or "<lambda>" in qual:
+        raise TypeError("run_world needs a module-level function, got %r" % (fn,))
+    return (mod, qual)
+
+
+def _kill_all(procs):
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        try:
+            os.kill(p.pid, signal.SIGUSR1)  # dump stacks (see _child)
+        except ProcessLookupError:
+            pass
+    if alive:
+        time.sleep(1.0)
+    for p in procs:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.join(10)
+
+
+def _stack_path(tmpdir, rank):
+    return os.path.join(tmpdir, "stacks-rank%d.txt" % rank)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _exit_story(p):
+    code = p.exitcode
+    if code is None:
+        return "still running (killed by the harness)"
+    if code < 0:
+        try:
+            return "killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "killed by signal %d" % -code
+    return "exit code %d" % code
+
+
+def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
+              backend=None, pg_timeout=60, expect_killed=()):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; return results.
+
+    timeout: harness deadline in seconds for the whole world (spawn + init + fn + destroy).
+    pg_timeout: the process-group timeout passed to init_process_group, in seconds.
+    expect_killed: ranks that are meant to die by SIGKILL (fault tests); their result is
+    None, and the world fails if they do anything else.
+    """
+    import multiprocessing as mp
+
+    backend = backend or BACKEND
+    expect_killed = set(expect_killed)
+    fn_ref = _fn_ref(fn)
+    args_blob = pickle.dumps(tuple(args))
+    tmpdir = tempfile.mkdtemp(prefix="pycomm-test-")
+    if init == "file":
+        init_arg = new_file_init_method(tmpdir)
+    elif init in ("tcp", "env"):
+        init_arg = free_port()
+    else:
+        raise ValueError("init must be 'file', 'tcp' or 'env', not %r" % (init,))
+
+    ctx = mp.get_context("spawn")
+    deadline = time.monotonic() + timeout
+    procs, conns = [], []
+    for rank in range(world_size):
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_child, name="rank%d" % rank, daemon=True,
+            args=(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
+                  pg_timeout, _stack_path(tmpdir, rank), send_end))
+        p.start()
+        send_end.close()  # so that EOF on recv_end means the child is gone
+        procs.append(p)
+        conns.append(recv_end)
+
+    results = [None] * world_size
+    state = ["running"] * world_size   # running -> ok -> destroyed | err | dead
+    notes = [""] * world_size
+    fail_at = None
+    try:
+        from multiprocessing.connection import wait
+
+        open_conns = {c: r for r, c in enumerate(conns)}
+        while open_conns:
+            now = time.monotonic()
+            limit = deadline if fail_at is None else min(deadline, fail_at + _FAILURE_GRACE_S)
+            if now >= limit:
+                break
+            ready = wait(list(open_conns), timeout=limit - now)
+            for c in ready:
+                r = open_conns[c]
+                try:
+                    kind, payload = c.recv()
+                except (EOFError, OSError):
+                    del open_conns[c]
+                    if state[r] == "running":
+                        state[r] = "dead"
+                    elif state[r] == "ok":
+                        state[r] = "dead_after_ok"
+                    continue
+                if kind == "ok":
+                    state[r] = "ok"
+                    results[r] = pickle.loads(payload)
+                elif kind == "err":
+                    state[r] = "err"
+                    notes[r] = payload
+                elif kind == "destroyed":
+                    state[r] = "destroyed"
+                elif kind == "destroy_err":
+                    state[r] = "destroy_err"
+                    notes[r] = payload
+                bad = state[r] in ("err", "destroy_err") or (
+                    state[r] in ("dead", "dead_after_ok") and r not in expect_killed)
+                if bad and fail_at is None:
+                    fail_at = time.monotonic()
+        # Everyone reported; give the processes the rest of the deadline to exit cleanly.
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()) if fail_at is None else 0.5)
+    finally:
+        _kill_all(procs)
+        for c in conns:
+            c.close()
+        stacks = [_read(_stack_path(tmpdir, r)) for r in range(world_size)]
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    problems = []
+    for r, p in enumerate(procs):
+        story = _exit_story(p)
+        if r in expect_killed:
+            if state[r] == "dead" and p.exitcode == -signal.SIGKILL:
+                continue
+            problems.append((r, "expected to be killed by SIGKILL, but state=%s, %s"
+                             % (state[r], story), notes[r]))
+            continue
+        if state[r] == "destroyed" and p.exitcode == 0:
+            continue
+        if state[r] == "running":
+            what = ("no result before the %ss deadline" % timeout if fail_at is None
+                    else "no result (stopped after another rank failed)")
+        elif state[r] == "ok":
+            what = "returned a result but destroy_process_group did not finish"
+        elif state[r] == "dead":
+            what = "died without reporting"
+        elif state[r] == "dead_after_ok":
+            what = "died during destroy_process_group"
+        elif state[r] == "destroyed":
+            what = "did not exit cleanly after destroy_process_group"
+        else:
+            what = state[r]
+        if stacks[r]:
+            notes[r] = (notes[r] + "\nPython stacks when killed:\n" + stacks[r]).lstrip()
+        problems.append((r, "%s (%s)" % (what, story), notes[r]))
+    if problems:
+        lines = ["world of %d ranks (backend=%s, init=%s, fn=%s.%s) failed:"
+                 % (world_size, backend, init, fn_ref[0], fn_ref[1])]
+        for r, what, note in problems:
+            lines.append("--- rank %d: %s" % (r, what))
+            if note:
+                lines.append(note[-_MAX_REPORT_CHARS:].rstrip())
+        raise AssertionError("\n".join(lines))
+    return results
