@@ -471,30 +471,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tens
   return launch(c10d::OpType::ALLTOALL, "pycomm:all_to_all", std::move(l), !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  const at::Tensor& t = single(tensors, "send");
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::p2p(Collective c, std::vector<at::Tensor>& tensors, int peer,
+                                                       int tag) {
+  const bool sending = c == Collective::Send;
+  const at::Tensor& t = single(tensors, name_of(c));
   Launch l;
-  Request rq = request(Collective::Send, t, c10d::kUnsetTimeout);
-  rq.root = dst;
+  Request rq = request(c, t, c10d::kUnsetTimeout);
+  rq.root = peer;
   rq.tag = tag;
-  rq.input = l.in(t).data_ptr();
+  if (sending) rq.input = l.in(t).data_ptr();
+  else rq.output = l.out(t).data_ptr();
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;
-  return launch(c10d::OpType::SEND, "pycomm:send", std::move(l), false, p2p_lane(dst, true));
+  return launch(sending ? c10d::OpType::SEND : c10d::OpType::RECV, sending ? "pycomm:send" : "pycomm:recv",
+                std::move(l), false, p2p_lane(peer, sending));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  return p2p(Collective::Send, tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  const at::Tensor& t = single(tensors, "recv");
-  Launch l;
-  Request rq = request(Collective::Recv, t, c10d::kUnsetTimeout);
-  rq.root = src;
-  rq.tag = tag;
-  rq.output = l.out(t).data_ptr();
-  rq.count = t.numel();
-  l.requests.push_back(rq);
-  l.result = tensors;
-  return launch(c10d::OpType::RECV, "pycomm:recv", std::move(l), false, p2p_lane(src, false));
+  return p2p(Collective::Recv, tensors, src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>&, int) {

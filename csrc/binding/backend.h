@@ -95,6 +95,7 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
+  c10::intrusive_ptr<c10d::Work> p2p(Collective c, std::vector<at::Tensor>& tensors, int peer, int tag);
   void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
   // `blocking`: the caller waits right away (async_op=False), so the engine may run it
   // inline. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).
