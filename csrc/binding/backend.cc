@@ -93,9 +93,25 @@ at::Tensor Launch::out(const at::Tensor& t) {
   return dense;
 }
 
-at::Tensor Launch::staging(const at::Tensor& like, int64_t numel) {
-  keep.push_back(at::empty({numel}, like.options().memory_format(c10::MemoryFormat::Contiguous)));
-  return keep.back();
+at::Tensor Launch::in_concat(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : parts) flat.push_back(t.reshape(-1));
+  return in(at::cat(flat));
+}
+
+at::Tensor Launch::out_split(const std::vector<at::Tensor>& parts, const at::Tensor& like) {
+  int64_t total = 0;
+  for (const auto& t : parts) total += t.numel();
+  at::Tensor flat = at::empty({total}, like.options().memory_format(c10::MemoryFormat::Contiguous));
+  keep.push_back(flat);
+  after.push_back([parts, flat]() mutable {
+    int64_t off = 0;
+    for (auto& t : parts) {
+      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  });
+  return flat;
 }
 
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -219,16 +235,11 @@ void ProcessGroupPycomm::add_allgather_list(Launch& l, const std::vector<at::Ten
                                             std::chrono::milliseconds timeout) {
   check_tensor(in, "allgather");
   check_list(outs, in, getSize(), "allgather");
-  at::Tensor flat = l.staging(in, in.numel() * getSize());
   Request rq = request(Collective::AllGather, in, timeout);
   rq.input = l.in(in).data_ptr();
-  rq.output = flat.data_ptr();
+  rq.output = l.out_split(outs, in).data_ptr();
   rq.count = in.numel();
   l.requests.push_back(rq);
-  const int64_t n = in.numel();
-  l.after.push_back([outs, flat, n]() mutable {
-    for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
-  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -328,12 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vecto
   if (getRank() == root) {
     TORCH_CHECK_VALUE(outputs.size() == 1, "pycomm: gather: the root takes one output list, got ", outputs.size());
     check_list(outputs[0], in, getSize(), "gather");
-    at::Tensor flat = l.staging(in, in.numel() * getSize());
-    rq.output = flat.data_ptr();
-    const int64_t n = in.numel();
-    l.after.push_back([outs = outputs[0], flat, n]() mutable {
-      for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
-    });
+    rq.output = l.out_split(outputs[0], in).data_ptr();
     l.result = outputs[0];
   } else {
     TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
@@ -356,9 +362,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::scatter(std::vector<at::Tenso
   if (getRank() == root) {
     TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: scatter: the root takes one input list, got ", inputs.size());
     check_list(inputs[0], out, getSize(), "scatter");
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& t : inputs[0]) flat_parts.push_back(t.reshape(-1));
-    rq.input = l.in(at::cat(flat_parts)).data_ptr();
+    rq.input = l.in_concat(inputs[0]).data_ptr();
   } else {
     TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                       "pycomm: scatter: only the root passes input tensors");
@@ -374,10 +378,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
   const at::Tensor& out = single(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: reduce_scatter takes one input list, got ", inputs.size());
   check_list(inputs[0], out, getSize(), "reduce_scatter");
-  std::vector<at::Tensor> flat_parts;
-  for (const auto& t : inputs[0]) flat_parts.push_back(t.reshape(-1));
   Launch l;
-  add_reduce_scatter(l, out, at::cat(flat_parts), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
+  add_reduce_scatter(l, out, l.in_concat(inputs[0]), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l), !opts.asyncOp);
 }
@@ -446,27 +448,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tens
                     " input and output tensors, got ", inputs.size(), " and ", outputs.size());
   Launch l;
   Request rq = request(Collective::AllToAll, inputs[0], opts.timeout);
-  std::vector<at::Tensor> flat_in;
-  int64_t out_total = 0;
   for (size_t i = 0; i < n; ++i) {
     check_same(inputs[i], inputs[0], "alltoall");
     check_same(outputs[i], inputs[0], "alltoall");
-    flat_in.push_back(inputs[i].reshape(-1));
     rq.send_counts.push_back(inputs[i].numel());
     rq.recv_counts.push_back(outputs[i].numel());
-    out_total += outputs[i].numel();
   }
-  at::Tensor flat_out = l.staging(inputs[0], out_total);
-  rq.input = l.in(at::cat(flat_in)).data_ptr();
-  rq.output = flat_out.data_ptr();
+  rq.input = l.in_concat(inputs).data_ptr();
+  rq.output = l.out_split(outputs, inputs[0]).data_ptr();
   l.requests.push_back(rq);
-  l.after.push_back([outputs, flat_out]() mutable {
-    int64_t off = 0;
-    for (auto& o : outputs) {
-      o.copy_(flat_out.narrow(0, off, o.numel()).view(o.sizes()));
-      off += o.numel();
-    }
-  });
   l.result = outputs;
   return launch(c10d::OpType::ALLTOALL, "pycomm:all_to_all", std::move(l), !opts.asyncOp);
 }

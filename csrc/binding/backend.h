@@ -47,7 +47,10 @@ struct Launch {
 
   at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
   at::Tensor out(const at::Tensor& t);        // dense writable view, copied back if strided
-  at::Tensor staging(const at::Tensor& like, int64_t numel);
+  // A list as one dense input: its tensors' elements, concatenated.
+  at::Tensor in_concat(const std::vector<at::Tensor>& parts);
+  // A dense output whose consecutive pieces are copied into `parts` afterwards.
+  at::Tensor out_split(const std::vector<at::Tensor>& parts, const at::Tensor& like);
 };
 
 class ProcessGroupPycomm final : public c10d::Backend {
