@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/topology.h"
 #include "core/transport.h"
 #include "core/types.h"
 #include "device/device_ops.h"
@@ -32,17 +33,33 @@ struct Request {
   std::chrono::milliseconds timeout{0};          // 0: the group's timeout
 };
 
+// An algorithm runs on a team: the whole group, or a subset of it (hierarchical runs its
+// phases on the ranks of one node and on the ranks with the same place in every node).
+// `rank` and `size` are logical (this rank's index in the team, the team's size); frames
+// go to the group rank members[peer].
 struct Context {
   int rank = 0;
   int size = 1;
-  const std::vector<Channel*>* channels = nullptr;  // by peer rank; null for self
+  int world = 1;                   // ranks in the whole group: AVG divides by it
+  const std::vector<Channel*>* channels = nullptr;  // by group rank; null for self
+  std::vector<int> members;        // group rank of each logical rank; empty: the group
+  const Topology* topology = nullptr;  // of the whole group
   const DeviceOps* ops = nullptr;
   size_t chunk_bytes = 0;          // the same on every rank: min over the group's channels
   Deadline deadline;
   OpStamp stamp;                   // stamped on every frame of this operation
 
-  Channel& to(int peer) const { return *(*channels)[peer]; }
-  ReduceSpec spec(const Request& r) const { return ReduceSpec{r.dtype, r.reduction, size}; }
+  int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
+  Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
+  ReduceSpec spec(const Request& r) const { return ReduceSpec{r.dtype, r.reduction, world}; }
+  // The same operation on a team of group ranks, which must include this rank.
+  Context team(const std::vector<int>& group_ranks) const {
+    Context t = *this;
+    t.members = group_ranks;
+    t.size = static_cast<int>(group_ranks.size());
+    t.rank = static_cast<int>(std::find(group_ranks.begin(), group_ranks.end(), group_rank(rank)) - group_ranks.begin());
+    return t;
+  }
 };
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -69,24 +86,29 @@ void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
   ch.end_send(h);
 }
 
-template <class Use>
-void recv_frame(const Context& cx, int peer, size_t bytes, Use use) {
-  Channel& ch = cx.to(peer);
+// The payload of the next frame from `peer`, readable in place until end_recv_frame();
+// several peers' frames may be held at once (the reduction of a direct step reads them all).
+inline const void* begin_recv_frame(const Context& cx, int peer, size_t bytes) {
   FrameHeader expect;
   expect.bytes = static_cast<uint32_t>(bytes);
   expect.op = cx.stamp;
-  use(ch.begin_recv(expect, cx.deadline));
-  ch.end_recv();
+  return cx.to(peer).begin_recv(expect, cx.deadline);
+}
+inline void end_recv_frame(const Context& cx, int peer) { cx.to(peer).end_recv(); }
+
+template <class Use>
+void recv_frame(const Context& cx, int peer, size_t bytes, Use use) {
+  use(begin_recv_frame(cx, peer, bytes));
+  end_recv_frame(cx, peer);
 }
 
 // A whole buffer as a sequence of chunk_bytes frames (p2p, gather, scatter, alltoall).
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes);
 void recv_bytes(const Context& cx, int peer, void* data, size_t bytes);
 
-// Ring building blocks shared by the ring collectives (see their files). A ring pass is
-// cut into chunks; chunk c covers elements [c*chunk, (c+1)*chunk) of every segment, so a
-// chunk's frames are the same on every rank.
-struct RingChunks {
+// A buffer of `size` segments cut into chunks for pipelining: chunk c covers elements
+// [c*chunk, (c+1)*chunk) of every segment, so a chunk's frames are the same on every rank.
+struct SegmentChunks {
   Segments seg;
   size_t chunk;  // elements
   size_t count() const { return ceil_div(seg.length(0), chunk); }  // segment 0 is the longest
@@ -97,14 +119,28 @@ struct RingChunks {
     len = off < l ? std::min(chunk, l - off) : 0;
   }
 };
-void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+// Chunk c of a reduce-scatter: segment r of the chunk, reduced over the team, is written
+// to own_out (at its offset within segment r) finalized (Final) or in the accumulation
+// format (Partial).
+void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                                void* own_out);
-void ring_all_gather_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+void direct_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& chunks, size_t c,
+                                 void* own_out, Stage stage);
+// Chunk c of an all-gather in place: segment r of `buffer` (element size `es`) reaches
+// every rank of the team.
+void ring_all_gather_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                            void* buffer);
+void direct_all_gather_chunk(const Context& cx, const SegmentChunks& chunks, size_t c, void* buffer, size_t es);
 
 void ring_allreduce(const Context& cx, const Request& rq);
+void tree_allreduce(const Context& cx, const Request& rq);
+void hierarchical_allreduce(const Context& cx, const Request& rq);
+void oneshot_allreduce(const Context& cx, const Request& rq);
+void twoshot_allreduce(const Context& cx, const Request& rq);
 void ring_reduce_scatter(const Context& cx, const Request& rq);
+void direct_reduce_scatter(const Context& cx, const Request& rq);
 void ring_allgather(const Context& cx, const Request& rq);
+void direct_allgather(const Context& cx, const Request& rq);
 void chain_broadcast(const Context& cx, const Request& rq);
 void chain_reduce(const Context& cx, const Request& rq);
 void direct_gather(const Context& cx, const Request& rq);
@@ -113,5 +149,9 @@ void pairwise_alltoall(const Context& cx, const Request& rq);
 void p2p_send(const Context& cx, const Request& rq);
 void p2p_recv(const Context& cx, const Request& rq);
 void dissemination_barrier(const Context& cx, const Request& rq);
+
+struct LinkCost;
+// Measures the link to `peer`; both ends call it at the same point, one as initiator.
+LinkCost ping_pong(const Context& cx, int peer, bool initiator);
 
 }  // namespace pycomm

@@ -10,7 +10,7 @@
 
 namespace pycomm {
 
-void ring_all_gather_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+void ring_all_gather_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                            void* buffer) {
   const int n = cx.size, r = cx.rank, right = mod(r + 1, n), left = mod(r - 1, n);
   const size_t es = element_size(rq.dtype);
@@ -35,7 +35,7 @@ void ring_allgather(const Context& cx, const Request& rq) {
   auto* out = static_cast<char*>(rq.output);
   cx.ops->copy(out + cx.rank * rq.count * es, rq.input, rq.count * es);
   if (cx.size == 1) return;
-  const RingChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, cx.chunk_bytes / es};
+  const SegmentChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, cx.chunk_bytes / es};
   for (size_t c = 0; c < ring.count(); ++c) ring_all_gather_chunk(cx, rq, ring, c, out);
 }
 

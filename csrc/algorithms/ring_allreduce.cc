@@ -19,7 +19,7 @@ void ring_allreduce(const Context& cx, const Request& rq) {
     cx.ops->reduce(cx.spec(rq), Stage::Final, rq.output, rq.input, nullptr, rq.count);
     return;
   }
-  const RingChunks ring{Segments{rq.count, static_cast<size_t>(cx.size)}, cx.chunk_bytes / accum_size(rq.dtype)};
+  const SegmentChunks ring{Segments{rq.count, static_cast<size_t>(cx.size)}, cx.chunk_bytes / accum_size(rq.dtype)};
   auto* out = static_cast<char*>(rq.output);
   char* own = out + ring.seg.begin(cx.rank) * element_size(rq.dtype);
   for (size_t c = 0; c < ring.count(); ++c) {

@@ -18,7 +18,7 @@
 
 namespace pycomm {
 
-void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const RingChunks& ring, size_t c,
+void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                                void* own_out) {
   const int n = cx.size, r = cx.rank, right = mod(r + 1, n), left = mod(r - 1, n);
   const ReduceSpec spec = cx.spec(rq);
@@ -51,7 +51,7 @@ void ring_reduce_scatter(const Context& cx, const Request& rq) {
     cx.ops->reduce(cx.spec(rq), Stage::Final, rq.output, rq.input, nullptr, rq.count);
     return;
   }
-  const RingChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)},
+  const SegmentChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)},
                         cx.chunk_bytes / accum_size(rq.dtype)};
   for (size_t c = 0; c < ring.count(); ++c) ring_reduce_scatter_chunk(cx, rq, ring, c, rq.output);
 }

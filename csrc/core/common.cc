@@ -65,6 +65,8 @@ std::string describe(const OpStamp& op) {
   if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce)
     os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
   os << ", " << op.count << " elements";
+  if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather)
+    os << ", " << name_of(static_cast<Algorithm>(op.algorithm));
   if (c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
       c == Collective::Scatter)
     os << ", root " << op.root;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -124,6 +125,10 @@ void Communicator::connect(Store& store, const std::string& prefix) {
                                         : node_of_host.emplace(p.host_key, next_node).first->second;
   }
 
+  std::vector<int> node_of;
+  for (const PeerInfo& p : ranks_) node_of.push_back(p.node);
+  topology_ = Topology::from_node_of(node_of);
+
   if (rank_ == 0) store.set(prefix + "/secret", random_secret());
   const std::string secret = store.get(prefix + "/secret");
 
@@ -171,13 +176,88 @@ void Communicator::connect(Store& store, const std::string& prefix) {
     transports_.push_back(make(setup));
     for (int p : *peers) channels_[p] = transports_.back()->channel(p);
   }
+  calibrate(store, prefix);
   if (config_.log_level >= LogLevel::Info) {
     std::ostringstream os;
     os << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
        << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
-       << " B, spin " << spin_us << " us";
+       << " B, spin " << spin_us << " us; link costs intra " << costs_.intra.latency_us << " us + "
+       << costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << costs_.inter.latency_us << " us + "
+       << costs_.inter.bytes_per_us / 1e3 << " GB/s";
     log_line(os.str());
   }
+}
+
+// Link costs are measured on one pair per link class (the lowest-numbered pair within a
+// node, and across nodes) and shared through the store, so that every rank selects
+// algorithms from the same numbers. With PYCOMM_LINK_COSTS naming an existing file, rank
+// 0 reads it instead ("intra <latency_us> <bytes_per_us>" and "inter ..." lines); naming
+// a missing file, rank 0 writes the measured costs there.
+void Communicator::calibrate(Store& store, const std::string& prefix) {
+  const std::string& file = config_.link_costs_file;
+  if (rank_ == 0) {
+    std::ifstream in(file);
+    std::stringstream text;
+    if (!file.empty() && in) text << in.rdbuf();
+    store.set(prefix + "/linkcost/file", text.str());
+  }
+  const std::string cached = store.get(prefix + "/linkcost/file");
+  LinkCost* classes[2] = {&costs_.intra, &costs_.inter};
+  const char* names[2] = {"intra", "inter"};
+  for (int cls = 0; cls < 2; ++cls) {
+    std::string value;
+    std::istringstream lines(cached);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(std::string(names[cls]) + " ", 0) == 0) value = line.substr(std::strlen(names[cls]) + 1);
+    if (value.empty()) {
+      int a = -1, b = -1;
+      for (int i = 0; i < size_ && a < 0; ++i)
+        for (int j = i + 1; j < size_ && a < 0; ++j)
+          if ((topology_.node_of[i] == topology_.node_of[j]) == (cls == 0)) { a = i; b = j; }
+      if (a < 0) continue;  // no such link: the class does not matter
+      const std::string key = prefix + "/linkcost/" + names[cls];
+      if (rank_ == a || rank_ == b) {
+        Context cx = context();
+        cx.stamp.collective = static_cast<uint8_t>(Collective::Barrier);
+        cx.deadline = Deadline::after(timeout_);
+        const LinkCost c = ping_pong(cx, rank_ == a ? b : a, rank_ == a);
+        if (rank_ == a) store.set(key, std::to_string(c.latency_us) + " " + std::to_string(c.bytes_per_us));
+      }
+      value = store.get(key);
+    }
+    std::istringstream fields(value);
+    if (!(fields >> classes[cls]->latency_us >> classes[cls]->bytes_per_us) || classes[cls]->bytes_per_us <= 0)
+      fail(ErrorKind::InvalidArgument, "pycomm: malformed link costs '" + value + "' (PYCOMM_LINK_COSTS=" + file + ")");
+  }
+  if (rank_ == 0 && !file.empty() && cached.empty()) {
+    std::ofstream out(file);
+    out << "intra " << costs_.intra.latency_us << " " << costs_.intra.bytes_per_us << "\n"
+        << "inter " << costs_.inter.latency_us << " " << costs_.inter.bytes_per_us << "\n";
+  }
+}
+
+Context Communicator::context() const {
+  Context cx;
+  cx.rank = rank_;
+  cx.size = size_;
+  cx.world = size_;
+  cx.channels = &channels_;
+  cx.topology = &topology_;
+  cx.ops = &cpu_ops();
+  cx.chunk_bytes = chunk_bytes_;
+  return cx;
+}
+
+Selection Communicator::select(const Request& rq) const {
+  SelectionInput in;
+  in.collective = rq.collective;
+  in.bytes = rq.count * element_size(rq.dtype) * (rq.collective == Collective::AllReduce ? 1 : size_);
+  in.dtype = rq.dtype;
+  in.topology = &topology_;
+  in.requested = rq.options.algorithm;
+  in.chunk_bytes = chunk_bytes_;
+  in.costs = costs_;
+  return select_algorithm(in);
 }
 
 std::string Communicator::describe_transports() const {
@@ -212,8 +292,6 @@ void Communicator::validate(Request& rq) const {
   if (rq.collective == Collective::AllToAll &&
       (rq.send_counts.size() != static_cast<size_t>(size_) || rq.recv_counts.size() != static_cast<size_t>(size_)))
     bad("alltoall: split sizes must list one count per rank");
-  if (rq.options.algorithm != Algorithm::Auto && rq.options.algorithm != Algorithm::Ring)
-    bad(std::string("algorithm '") + name_of(rq.options.algorithm) + "' is not available yet (available: auto, ring)");
   if (rq.options.compression != Compression::None)
     bad("compression is not available yet");
   if (rq.options.determinism != Determinism::Default)
@@ -238,27 +316,42 @@ OpStamp Communicator::stamp_for(const Request& rq) {
 }
 
 void Communicator::execute(const Request& rq) {
-  Context cx;
-  cx.rank = rank_;
-  cx.size = size_;
-  cx.channels = &channels_;
-  cx.ops = &cpu_ops();
-  cx.chunk_bytes = chunk_bytes_;
+  Context cx = context();
   cx.stamp = stamp_for(rq);
+  const bool selects = rq.collective == Collective::AllReduce || rq.collective == Collective::ReduceScatter ||
+                       rq.collective == Collective::AllGather;
+  const Selection chosen = selects ? select(rq) : Selection{};
+  cx.stamp.algorithm = static_cast<uint8_t>(selects ? chosen.algorithm : Algorithm::Auto);
   {
     std::lock_guard<std::mutex> lock(poison_mutex_);
     if (!poison_.empty())
       fail(ErrorKind::PeerFailure, "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
                                        "' not started: the group failed earlier: " + poison_);
   }
+  if (selects && rank_ == 0 && config_.log_level >= LogLevel::Info)
+    log_line("pycomm: group '" + group_name_ + "': " + describe(cx.stamp) + ": " +
+             (chosen.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
+                                      : chosen.fallback + ", using " + name_of(chosen.algorithm)));
   if (config_.log_level >= LogLevel::Trace)
     log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + describe(cx.stamp));
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
   try {
     switch (rq.collective) {
-      case Collective::AllReduce: ring_allreduce(cx, rq); break;
-      case Collective::ReduceScatter: ring_reduce_scatter(cx, rq); break;
-      case Collective::AllGather: ring_allgather(cx, rq); break;
+      case Collective::AllReduce:
+        switch (chosen.algorithm) {
+          case Algorithm::Tree: tree_allreduce(cx, rq); break;
+          case Algorithm::Hierarchical: hierarchical_allreduce(cx, rq); break;
+          case Algorithm::OneShot: oneshot_allreduce(cx, rq); break;
+          case Algorithm::TwoShot: twoshot_allreduce(cx, rq); break;
+          default: ring_allreduce(cx, rq); break;
+        }
+        break;
+      case Collective::ReduceScatter:
+        (chosen.algorithm == Algorithm::OneShot ? direct_reduce_scatter : ring_reduce_scatter)(cx, rq);
+        break;
+      case Collective::AllGather:
+        (chosen.algorithm == Algorithm::OneShot ? direct_allgather : ring_allgather)(cx, rq);
+        break;
       case Collective::Broadcast: chain_broadcast(cx, rq); break;
       case Collective::Reduce: chain_reduce(cx, rq); break;
       case Collective::Gather: direct_gather(cx, rq); break;

@@ -13,6 +13,8 @@
 
 #include "algorithms/algorithm.h"
 #include "core/config.h"
+#include "core/selection.h"
+#include "core/topology.h"
 #include "core/store.h"
 #include "core/transport.h"
 
@@ -45,9 +47,15 @@ class Communicator {
 
   // "shm: ranks 1,2; tcp: rank 3", for logs and tests.
   std::string describe_transports() const;
+  const Topology& topology() const { return topology_; }
+  const LinkCosts& link_costs() const { return costs_; }
+  // The algorithm this group runs `rq` with (identical on every rank).
+  Selection select(const Request& rq) const;
 
  private:
   void connect(Store& store, const std::string& prefix);
+  void calibrate(Store& store, const std::string& prefix);
+  Context context() const;
   OpStamp stamp_for(const Request& rq);
 
   int rank_, size_;
@@ -55,6 +63,8 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   Config config_;
   std::vector<PeerInfo> ranks_;
+  Topology topology_;
+  LinkCosts costs_;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Channel*> channels_;
   size_t chunk_bytes_ = 0;

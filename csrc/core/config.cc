@@ -15,11 +15,12 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_TRANSPORT", "auto", "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one."},
       {"PYCOMM_RANKS_PER_NODE", "0", "Treat consecutive groups of N ranks as one node (0: group by host)."},
       {"PYCOMM_SOCKET_IFNAME", "", "Network interface whose IPv4 address TCP listens on (default: loopback within a host, else the first up interface)."},
+      {"PYCOMM_LINK_COSTS", "", "Calibration file of link costs for algorithm selection: read if it exists, else written after measuring (default: measure at group creation)."},
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls before blocking; -1: 50 when local ranks <= cores, else 0."},
-      {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO prints one line per group, TRACE one per collective)."},
+      {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO: a line per group and the algorithm of each all-reduce, reduce-scatter and all-gather; TRACE: a line per operation)."},
   };
   return table;
 }
@@ -88,6 +89,7 @@ Config Config::from_env() {
   else fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_TRANSPORT='" + t + "' (expected auto|shm|tcp)");
   c.ranks_per_node = static_cast<int>(int_knob("PYCOMM_RANKS_PER_NODE", 0, 1 << 20));
   c.socket_ifname = knob_value("PYCOMM_SOCKET_IFNAME");
+  c.link_costs_file = knob_value("PYCOMM_LINK_COSTS");
   c.shm_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_SHM_CHUNK_BYTES", 4096, 64 << 20));
   c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
   c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 2, 64));

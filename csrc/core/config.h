@@ -35,6 +35,7 @@ struct Config {
   TransportChoice transport = TransportChoice::Auto;
   int ranks_per_node = 0;             // 0: group ranks into nodes by host
   std::string socket_ifname;          // empty: loopback within a host, else first up interface
+  std::string link_costs_file;        // empty: measure link costs at group creation
   size_t shm_chunk_bytes = 0;
   size_t tcp_chunk_bytes = 0;
   int pipeline_depth = 0;             // slots per channel direction

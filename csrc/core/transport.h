@@ -35,11 +35,11 @@ struct OpStamp {
   uint8_t collective = 0; // Collective
   uint8_t dtype = 0;      // DataType
   uint8_t reduce = 0;     // ReduceKind
-  uint8_t reserved = 0;
+  uint8_t algorithm = 0;  // Algorithm chosen for it: ranks that chose differently fail fast
   int32_t root = 0;       // root rank or p2p tag
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
-           reduce == o.reduce && root == o.root;
+           reduce == o.reduce && algorithm == o.algorithm && root == o.root;
   }
 };
 static_assert(sizeof(OpStamp) == 24, "OpStamp is a wire format");

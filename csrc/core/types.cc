@@ -14,6 +14,14 @@ size_t element_size(DataType t) {
   return 0;
 }
 
+DataType accumulation_type(DataType t) {
+  switch (t) {
+    case DataType::Float16: case DataType::BFloat16: return DataType::Float32;
+    case DataType::Bool: return DataType::UInt8;
+    default: return t;
+  }
+}
+
 const char* name_of(DataType t) {
   switch (t) {
     case DataType::Float32: return "float32";

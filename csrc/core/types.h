@@ -27,6 +27,9 @@ struct Reduction {
 };
 
 size_t element_size(DataType t);
+// The type partial results are kept in (AccOf in numerics.h): float32 for 16-bit floats,
+// uint8 for bool, the type itself otherwise.
+DataType accumulation_type(DataType t);
 const char* name_of(DataType t);
 const char* name_of(ReduceKind k);
 bool is_floating(DataType t);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/types.h"
 
@@ -22,17 +23,31 @@ struct ReduceSpec {
 // Bool reductions are logical: SUM/MAX become MAX (or), PRODUCT/MIN become MIN (and).
 Reduction normalized(DataType t, Reduction r);
 
+// One operand of a reduction: a rank's input in the storage format (its contribution:
+// PREMUL_SUM scales it), or partial values already in the accumulation format.
+enum class Form : uint8_t { Input, Partial };
+struct Term {
+  const void* data;
+  Form form;
+};
+
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
   virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
-  // out[i] = contribution(local[i]) (+) incoming[i] for i < n, where (+) is the reduction.
-  // `local` is this rank's own input in the storage format (PREMUL_SUM scales it);
-  // `incoming` holds partial values in the accumulation format, or is null (then out is
-  // this rank's contribution alone). Partial writes the accumulation format; Final
-  // finalizes and rounds to the storage format. `out` may alias `local`.
-  virtual void reduce(const ReduceSpec& spec, Stage stage, void* out, const void* local,
-                      const void* incoming, size_t n) const = 0;
+  // out[i] = t[0][i] (+) t[1][i] (+) ... (+) t[k-1][i] for i < n, folded left in the
+  // order given (the order is part of the result's bits for floating sums), k >= 1.
+  // Partial writes the accumulation format; Final finalizes (AVG divides by world_size)
+  // and rounds once to the storage format. `out` may alias any term's data exactly.
+  virtual void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
+                            size_t n) const = 0;
+
+  // out = contribution(local) (+) incoming; `incoming` null: the contribution alone.
+  void reduce(const ReduceSpec& spec, Stage stage, void* out, const void* local, const void* incoming,
+              size_t n) const {
+    const Term terms[2] = {{local, Form::Input}, {incoming, Form::Partial}};
+    reduce_terms(spec, stage, out, terms, incoming ? 2 : 1, n);
+  }
 };
 
 const DeviceOps& cpu_ops();
