@@ -1,0 +1,147 @@
+"""Every algorithm x every collective it serves x dtypes/ops x world sizes 1-4, over shared
+memory, TCP and mixed topologies (PYCOMM_RANKS_PER_NODE), through the per-call API.
+
+One world launch per (world size, environment) runs every algorithm; an algorithm that
+cannot serve a topology (hierarchical on one node or on uneven nodes, tree for
+reduce-scatter) must fall back and still give the exact result. Some worlds use 4 KiB
+chunks and the minimum pipeline depth, so that the pipelined paths and their deadlock
+freedom are exercised with small tensors.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _harness import is_gloo, run_world
+from _values import (DTYPES, FLOATING, check_avg, check_equal, int_valued, ops_for,
+                     random_float, red_op, reduce_exact, seed_of)
+
+ALGORITHMS = ["auto", "ring", "tree", "hierarchical", "oneshot", "twoshot"]
+COUNTS = [0, 1, 7, 1001, 65537]
+RS_AG_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool]
+SMALL_CHUNKS = {"PYCOMM_SHM_CHUNK_BYTES": "4096", "PYCOMM_TCP_CHUNK_BYTES": "4096",
+                "PYCOMM_PIPELINE_DEPTH": "2"}
+
+WORLDS = [
+    (1, {}),
+    (2, {}),
+    (2, {"PYCOMM_TRANSPORT": "tcp"}),
+    (2, {"PYCOMM_RANKS_PER_NODE": "1"}),
+    (3, dict(SMALL_CHUNKS)),
+    (3, {"PYCOMM_RANKS_PER_NODE": "2"}),                       # uneven nodes: 2 + 1
+    (3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_RANKS_PER_NODE": "1"}),
+    (4, {}),
+    (4, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="2")),        # 2 nodes x 2: shm + tcp
+    (4, {"PYCOMM_TRANSPORT": "tcp"}),
+]
+
+
+def _world_id(w):
+    ws, env = w
+    return "ws%d-%s" % (ws, "-".join("%s=%s" % (k[7:].lower(), v) for k, v in env.items()) or "shm")
+
+
+def _case(problems, label, body):
+    try:
+        problems += ["%s: %s" % (label, p) for p in body()]
+    except Exception as e:  # noqa: BLE001 - recorded, the group is poisoned anyway
+        problems.append("%s: raised %s: %s" % (label, type(e).__name__, e))
+
+
+def algorithms_world(rank, ws):
+    import pycomm
+
+    problems = []
+    side = dist.new_group(backend="gloo")
+    for algo in ALGORITHMS:
+        for dtype in DTYPES:
+            for op in ops_for(dtype):
+                for n in COUNTS if dtype in RS_AG_DTYPES else COUNTS[:4]:
+                    label = "all_reduce %s %s %s n=%d" % (algo, dtype, op, n)
+
+                    def body():
+                        inputs = [int_valued(seed_of(label), r, n, dtype, op, ws) for r in range(ws)]
+                        t = inputs[rank].clone()
+                        pycomm.all_reduce(t, red_op(op), algorithm=algo)
+                        exp = reduce_exact(inputs, dtype, op, ws)
+                        return check_avg(t, exp) if op == "AVG" else check_equal(t, exp)
+                    _case(problems, label, body)
+        # Every rank must hold the same bits, also for rounded floating sums.
+        for dtype in FLOATING:
+            label = "all_reduce %s %s random floats agree across ranks" % (algo, dtype)
+
+            def body():
+                t = random_float(seed_of(label), rank, 65537, dtype, "SUM")
+                pycomm.all_reduce(t, algorithm=algo)
+                everyone = [torch.empty_like(t) for _ in range(ws)]
+                dist.all_gather(everyone, t, group=side)
+                return [] if all(torch.equal(everyone[0], e) for e in everyone) else ["ranks differ"]
+            _case(problems, label, body)
+        for dtype in RS_AG_DTYPES:
+            for op in ["SUM", "MAX"] + (["AVG"] if dtype in FLOATING else []):
+                for n in COUNTS:
+                    label = "reduce_scatter %s %s %s n=%d" % (algo, dtype, op, n)
+
+                    def body():
+                        inputs = [int_valued(seed_of(label), r, ws * n, dtype, op, ws) for r in range(ws)]
+                        out = torch.zeros(n, dtype=dtype)
+                        pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm=algo)
+                        exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                        return check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
+                    _case(problems, label, body)
+            for n in COUNTS:
+                label = "all_gather %s %s n=%d" % (algo, dtype, n)
+
+                def body():
+                    inputs = [int_valued(seed_of(label), r, n, dtype, "MAX", ws) for r in range(ws)]
+                    out = torch.zeros(ws * n, dtype=dtype)
+                    pycomm.all_gather_into_tensor(out, inputs[rank], algorithm=algo)
+                    return check_equal(out, torch.cat(inputs))
+                _case(problems, label, body)
+        if len(problems) > 20:
+            break
+    return problems
+
+
+@pytest.mark.parametrize("world", WORLDS, ids=_world_id)
+def test_every_algorithm(world):
+    if is_gloo():
+        pytest.skip("algorithms are pycomm's")
+    ws, env = world
+    results = run_world(algorithms_world, ws, env=env, pg_timeout=30, timeout=300)
+    problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
+    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+
+
+def info_log_world(rank, ws):
+    """The stderr lines pycomm writes during three all-reduces at PYCOMM_DEBUG=INFO."""
+    import os
+    import tempfile
+
+    import pycomm
+
+    t = torch.ones(1000)
+    with tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            pycomm.all_reduce(t)
+            pycomm.all_reduce(t, algorithm="tree")
+            pycomm.all_reduce(t, algorithm="hierarchical")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        return [line for line in capture.read().decode().splitlines() if "allreduce #" in line]
+
+
+def test_info_log_names_each_choice_and_fallback():
+    if is_gloo():
+        pytest.skip("PYCOMM_DEBUG is a pycomm knob")
+    logs = run_world(info_log_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=120)
+    lines = logs[0]
+    assert len(lines) == 3, lines
+    assert lines[0].endswith(": selected"), lines[0]
+    assert "tree): requested" in lines[1], lines[1]
+    assert "hierarchical cannot serve this call (hierarchical needs more than one node), using " in lines[2], lines[2]
+    assert logs[1] == [], "one line per collective, from rank 0 only: %s" % logs[1]
