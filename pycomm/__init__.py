@@ -37,7 +37,9 @@ def knobs():
 
 
 def _backend_of(group, tensor: torch.Tensor):
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    pg = group if group is not None else dist.GroupMember.WORLD
+    if pg is None:
+        pg = dist.distributed_c10d._get_default_group()  # raises torch's "not initialized"
     backend = pg._get_backend(tensor.device)
     if not isinstance(backend, _C.ProcessGroupPycomm):
         raise ValueError(f"pycomm: the group's backend for {tensor.device} is not pycomm")
@@ -57,9 +59,11 @@ def _options(algorithm, compression, deterministic):
 
 
 def _finish(work, async_op):
+    # A blocking call that ran at once comes back as None (done, or it raised).
     if async_op:
         return work
-    work.wait()
+    if work is not None:
+        work.wait()
     return None
 
 

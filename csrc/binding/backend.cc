@@ -164,20 +164,28 @@ Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chro
   return rq;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
-                                                          bool blocking, int lane) {
+void ProcessGroupPycomm::validate(Launch& l, const char* title) {
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
   try {
     for (Request& rq : l.requests) comm_->validate(rq);
   } catch (const Error& e) {
     rethrow_for_torch(e);
   }
+}
+
+void ProcessGroupPycomm::run(Launch& l) {
+  for (const Request& rq : l.requests) comm_->execute(rq);
+  for (auto& copy_back : l.after) copy_back();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
+                                                          bool blocking, int lane) {
+  validate(l, title);
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
   auto job = std::make_shared<Launch>(std::move(l));
   auto task = [this, work, job] {
     try {
-      for (const Request& rq : job->requests) comm_->execute(rq);
-      for (auto& copy_back : job->after) copy_back();
+      run(*job);
       work->complete(nullptr);
     } catch (const Error& e) {
       work->complete(torch_exception(e));
@@ -188,6 +196,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   if (blocking && lane == Engine::kOrdered) engine_->run_or_submit(std::move(task));
   else engine_->submit(std::move(task), lane);
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch_direct(c10d::OpType type, const char* title, Launch&& l,
+                                                                 bool blocking) {
+  if (blocking) {
+    validate(l, title);
+    try {
+      if (engine_->try_run([&] { run(l); })) return {};
+    } catch (const Error& e) {
+      rethrow_for_torch(e);
+    }
+  }
+  return launch(type, title, std::move(l), blocking);
 }
 
 void ProcessGroupPycomm::add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op,
@@ -506,7 +527,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_reduce_with(at::Tensor& t
   Launch l;
   add_allreduce(l, tensor, op, c10d::kUnsetTimeout, options);
   l.result = {tensor};
-  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), blocking);
+  return launch_direct(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), blocking);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_with(at::Tensor& output, at::Tensor& input,
@@ -515,7 +536,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_with(at::Tenso
   Launch l;
   add_reduce_scatter(l, output, input, op, c10d::kUnsetTimeout, options);
   l.result = {output};
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", std::move(l), blocking);
+  return launch_direct(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:reduce_scatter_tensor", std::move(l), blocking);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_gather_with(at::Tensor& output, at::Tensor& input,
@@ -523,7 +544,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_gather_with(at::Tensor& o
   Launch l;
   add_allgather(l, output, input, c10d::kUnsetTimeout, options);
   l.result = {output};
-  return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", std::move(l), blocking);
+  return launch_direct(c10d::OpType::_ALLGATHER_BASE, "pycomm:all_gather_into_tensor", std::move(l), blocking);
 }
 
 }  // namespace pycomm

@@ -85,7 +85,7 @@ class ProcessGroupPycomm final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   // The direct API: the same collectives with per-call options ("" = the group's default);
-  // `blocking` as for launch().
+  // `blocking` as for launch_direct().
   c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
   c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options, bool blocking);
@@ -104,6 +104,11 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // inline. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l, bool blocking = false,
                                         int lane = Engine::kOrdered);
+  // The direct API's launch: a blocking call that finds the engine idle runs on the
+  // calling thread and returns nullptr (done; an error raises), with no Work at all.
+  c10::intrusive_ptr<c10d::Work> launch_direct(c10d::OpType type, const char* title, Launch&& l, bool blocking);
+  void validate(Launch& l, const char* title);
+  void run(Launch& l);  // executes the requests, then the copy-backs
 
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes

@@ -28,21 +28,31 @@ void Engine::submit(std::function<void()> task, int lane) {
 }
 
 void Engine::run_or_submit(std::function<void()> task) {
+  if (!try_run(task)) submit(std::move(task));
+}
+
+bool Engine::try_run(const std::function<void()>& task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (busy_ || !queue_.empty() || lane_tasks_ > 0 || on_engine_thread()) {
-      queue_.push_back(Item{std::move(task), kOrdered});
-      changed_.notify_all();
-      return;
-    }
+    if (busy_ || !queue_.empty() || lane_tasks_ > 0 || on_engine_thread()) return false;
     busy_ = true;
   }
+  // Only queued work waits for busy_ to clear; an idle worker needs no wake-up, and
+  // waking it on every inline call costs a futex and a context switch.
+  struct Done {
+    Engine* e;
+    ~Done() {
+      bool queued;
+      {
+        std::lock_guard<std::mutex> lock(e->mutex_);
+        e->busy_ = false;
+        queued = !e->queue_.empty();
+      }
+      if (queued) e->changed_.notify_all();
+    }
+  } done{this};
   task();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_ = false;
-  }
-  changed_.notify_all();
+  return true;
 }
 
 void Engine::run() {
