@@ -1,0 +1,19 @@
+"""The README's knob table lists exactly the knobs the core declares, with their defaults."""
+
+import os
+import re
+
+import pytest
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def test_readme_lists_every_knob_with_its_default():
+    pycomm = pytest.importorskip("pycomm")
+    rows = {}
+    for line in open(README, encoding="utf-8"):
+        m = re.match(r"\| `(PYCOMM_[A-Z_]+)` \| (`([^`]*)`|\(empty\)) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(3) or ""
+    declared = {name: default for name, default, _ in pycomm.knobs()}
+    assert rows == declared
