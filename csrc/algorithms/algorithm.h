@@ -153,5 +153,7 @@ void dissemination_barrier(const Context& cx, const Request& rq);
 struct LinkCost;
 // Measures the link to `peer`; both ends call it at the same point, one as initiator.
 LinkCost ping_pong(const Context& cx, int peer, bool initiator);
+// The time of one message step when every rank of `team` communicates at once.
+double step_latency_us(const Context& team);
 
 }  // namespace pycomm

@@ -1,7 +1,10 @@
-// Link measurement for the cost model: a ping-pong between two ranks over their channel,
-// run once at group creation before any collective (frames carry sequence number 0).
-// Latency: half the median round trip of a 64-byte frame. Bandwidth: a 2 MiB stream
-// answered by one small frame, best of two, less one latency.
+// Link measurement for the cost model, run once at group creation before any collective
+// (frames carry sequence number 0).
+// ping_pong: between two ranks over their channel. Latency: half the median round trip of
+// a 64-byte frame. Bandwidth: a 2 MiB stream answered by one small frame, best of two,
+// less one latency.
+// step_latency_us: every rank of a team at once, so that it includes what a lone pair
+// does not see: ranks competing for cores (more ranks than cores), and waking peers.
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -49,6 +52,17 @@ LinkCost ping_pong(const Context& cx, int peer, bool initiator) {
   }
   cost.bytes_per_us = kStreamBytes / std::max(best - 2 * cost.latency_us, 1.0);
   return cost;
+}
+
+double step_latency_us(const Context& team) {
+  constexpr int kBarriers = 16;
+  int rounds = 0;
+  for (int d = 1; d < team.size; d <<= 1) ++rounds;
+  const Request none;
+  dissemination_barrier(team, none);  // everyone has arrived
+  const double t0 = now_us();
+  for (int i = 0; i < kBarriers; ++i) dissemination_barrier(team, none);
+  return (now_us() - t0) / (kBarriers * std::max(rounds, 1));
 }
 
 }  // namespace pycomm

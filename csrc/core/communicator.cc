@@ -153,7 +153,9 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   setup.ranks = ranks_;
   setup.secret = secret;
   setup.config = &config_;
-  const int spin_us = config_.spin_us >= 0 ? config_.spin_us : (local_ranks <= cores_available() ? 50 : 0);
+  // Oversubscribed ranks poll for less time; their polls yield the core (spin_until), so
+  // the peer they wait for gets to run, which beats a futex sleep and wake by far.
+  const int spin_us = config_.spin_us >= 0 ? config_.spin_us : (local_ranks <= cores_available() ? 50 : 30);
   setup.spin.spin = std::chrono::microseconds(spin_us);
   setup.deadline = Deadline::after(timeout_);
   channels_.assign(size_, nullptr);
@@ -216,11 +218,17 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
           if ((topology_.node_of[i] == topology_.node_of[j]) == (cls == 0)) { a = i; b = j; }
       if (a < 0) continue;  // no such link: the class does not matter
       const std::string key = prefix + "/linkcost/" + names[cls];
+      Context cx = context();
+      cx.stamp.collective = static_cast<uint8_t>(Collective::Barrier);
+      cx.deadline = Deadline::after(timeout_);
+      // Within a node the latency is a step of the whole node's ranks at once (they may
+      // outnumber the cores); across nodes, and for bandwidth, the lone pair's.
+      const std::vector<int>& node = topology_.nodes[topology_.node_of[a]];
+      double step_us = 0;
+      if (cls == 0 && topology_.node_of[rank_] == topology_.node_of[a]) step_us = step_latency_us(cx.team(node));
       if (rank_ == a || rank_ == b) {
-        Context cx = context();
-        cx.stamp.collective = static_cast<uint8_t>(Collective::Barrier);
-        cx.deadline = Deadline::after(timeout_);
-        const LinkCost c = ping_pong(cx, rank_ == a ? b : a, rank_ == a);
+        LinkCost c = ping_pong(cx, rank_ == a ? b : a, rank_ == a);
+        if (cls == 0) c.latency_us = step_us;
         if (rank_ == a) store.set(key, std::to_string(c.latency_us) + " " + std::to_string(c.bytes_per_us));
       }
       value = store.get(key);

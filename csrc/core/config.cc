@@ -19,7 +19,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
-      {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls before blocking; -1: 50 when local ranks <= cores, else 0."},
+      {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30."},
       {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO: a line per group and the algorithm of each all-reduce, reduce-scatter and all-gather; TRACE: a line per operation)."},
   };
   return table;

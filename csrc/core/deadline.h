@@ -18,8 +18,8 @@ struct Deadline {
   }
 };
 
-// How long a waiter polls before it blocks in the kernel. Zero when the ranks on this
-// host outnumber its cores: spinning would only steal the time the peer needs.
+// How long a waiter polls before it blocks in the kernel. Polls yield the core between
+// short bursts, so that where ranks outnumber cores the peer being waited for can run.
 struct SpinPolicy {
   std::chrono::microseconds spin{0};
 };
