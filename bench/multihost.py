@@ -1,0 +1,235 @@
+"""Hierarchical against flat ring all-reduce across a slow link between two simulated hosts.
+
+    .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
+
+Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (tests/_netns.py; root
+only), every host's link limited to --rate by tc tbf on the host side of its veth (its
+egress, so both directions of the link between the two hosts), and runs one torchrun job
+across them. Each rank times float32 SUM all-reduce of --size bytes through
+pycomm.all_reduce(t, algorithm=A) for every A of --algorithms: one warm-up call each,
+then --repeats rounds, the algorithms interleaved within each round, a barrier on a gloo
+group before every timed call. A call's time is the slowest rank's; the median over the
+rounds is reported with nccl-tests' algbw = S/t and busbw = S/t * 2(n-1)/n, and the ratio
+of hierarchical's busbw to ring's. Every result is checked (#wrong).
+
+Wire model, S bytes, n ranks on N hosts of L = n/N: the flat ring in rank order crosses
+each host boundary once per direction and sends 2(n-1)/n S over each link, so each host's
+egress carries 2(n-1)/n S; hierarchical reduces within the host first and then each of the
+host's L ranks all-reduces an S/L shard with its peers on the other hosts, sending
+2(N-1)/N S/L, i.e. 2(N-1)/N S per host egress. When the link is the bottleneck,
+hierarchical/ring <= (n-1)/n / ((N-1)/N): 1.5 for 2 x 2, 1.67 for 2 x 3, 1.75 for 2 x 4,
+tending to 2 as L grows; reaching it needs the intra-host phases hidden behind the transfer.
+
+An algorithm pycomm does not have yet is reported as such (no traceback). Exit status:
+0 when the job ran and every result was right, 1 otherwise, 2 when namespaces cannot be
+built here (with the reason).
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULT_TAG = "MULTIHOST-RESULT "
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError("size %r: a number of bytes, optionally K, M or G" % text)
+    size = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+    if size <= 0 or size % 4:
+        raise argparse.ArgumentTypeError("size %r: a positive multiple of 4 bytes (float32)" % text)
+    return size
+
+
+def human(n):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return "%d %s" % (n >> shift, unit)
+    return "%d B" % n
+
+
+# ---------------------------------------------------------------------------------------
+# rank side (run by torchrun inside a host namespace)
+# ---------------------------------------------------------------------------------------
+
+def worker(args):
+    import datetime
+    import faulthandler
+
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    faulthandler.dump_traceback_later(args.deadline, exit=True)
+    timeout = datetime.timedelta(seconds=args.pg_timeout)
+    dist.init_process_group("pycomm", timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    algorithms = [a for a in args.algorithms.split(",") if a]
+
+    t = torch.empty(args.size // 4, dtype=torch.float32)
+    want = float(n * (n + 1) // 2)
+
+    def timed(a):
+        t.fill_(rank + 1)
+        dist.barrier(group=gloo)
+        start = time.perf_counter()
+        pycomm.all_reduce(t, algorithm=a)
+        elapsed = time.perf_counter() - start
+        return elapsed, int((t != want).sum())
+
+    for a in algorithms:
+        timed(a)
+    times = torch.zeros(len(algorithms), args.repeats, dtype=torch.float64)
+    wrong = torch.zeros(len(algorithms), dtype=torch.int64)
+    # Each round starts with the next algorithm, so that none always follows the same one
+    # (a connection idle through another algorithm's call restarts TCP slow start).
+    for r in range(args.repeats):
+        for k in range(len(algorithms)):
+            i = (r + k) % len(algorithms)
+            times[i, r], w = timed(algorithms[i])
+            wrong[i] += w
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)   # a call ends with its slowest rank
+    dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=gloo)
+    if rank == 0:
+        out = {"world": n,
+               "results": {a: {"times_s": times[i].tolist(), "wrong": int(wrong[i])}
+                           for i, a in enumerate(algorithms)}}
+        print(RESULT_TAG + json.dumps(out), flush=True)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# driver side
+# ---------------------------------------------------------------------------------------
+
+def load_netns():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_netns", os.path.join(ROOT, "tests", "_netns.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def link_bound(hosts, world):
+    """Ring's bytes over a host's link divided by hierarchical's (see the module comment):
+    2(n-1)/n S against 2(N-1)/N S for n ranks on N hosts; None with one host."""
+    if hosts < 2:
+        return None
+    return (2 * (world - 1) / world) / (2 * (hosts - 1) / hosts)
+
+
+def summarize(args, raw, describe):
+    n = raw["world"]
+    factor = 2 * (n - 1) / n
+    rows = {}
+    for a, r in raw["results"].items():
+        t = statistics.median(r["times_s"])
+        rows[a] = {"median_s": t, "times_s": r["times_s"], "algbw_GBps": args.size / t / 1e9,
+                   "busbw_GBps": args.size / t / 1e9 * factor, "wrong": r["wrong"]}
+    ratio = None
+    if "ring" in rows and "hierarchical" in rows:
+        ratio = rows["hierarchical"]["busbw_GBps"] / rows["ring"]["busbw_GBps"]
+    return {"hosts": args.hosts, "ranks_per_host": args.nproc, "world": n, "rate": args.rate,
+            "link_bound": link_bound(args.hosts, n),
+            "size_bytes": args.size, "dtype": "float32", "op": "sum", "repeats": args.repeats,
+            "topology": describe, "results": rows,
+            "hierarchical_over_ring_busbw": ratio}
+
+
+def report(s):
+    lines = ["multi-host all-reduce: %d hosts x %d ranks, link %s (tbf, each host's egress), "
+             "float32 sum, %s, median of %d" % (s["hosts"], s["ranks_per_host"], s["rate"],
+                                                human(s["size_bytes"]), s["repeats"]),
+             "%-14s %10s %12s %12s %7s  %s" % ("algorithm", "time_ms", "algbw_GB/s",
+                                               "busbw_GB/s", "#wrong", "all times_ms")]
+    for a, r in s["results"].items():
+        lines.append("%-14s %10.1f %12.4f %12.4f %7d  %s" % (
+            a, r["median_s"] * 1e3, r["algbw_GBps"], r["busbw_GBps"], r["wrong"],
+            " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
+    if s["hierarchical_over_ring_busbw"] is not None:
+        lines.append("hierarchical/ring busbw: %.2fx (target >= 1.5x; bound from bytes per "
+                     "host link: %s)" % (s["hierarchical_over_ring_busbw"],
+                                         "%.2fx" % s["link_bound"] if s["link_bound"] else "n/a"))
+    else:
+        lines.append("hierarchical/ring busbw: n/a (needs both ring and hierarchical in --algorithms)")
+    return "\n".join(lines)
+
+
+def drive(args):
+    netns = load_netns()
+    ok, why = netns.available()
+    if not ok:
+        print("multihost bench: cannot run: %s" % why, file=sys.stderr)
+        return 2
+    worker_args = ["--worker", "--size", str(args.size), "--repeats", str(args.repeats),
+                   "--algorithms", args.algorithms, "--pg-timeout", str(args.pg_timeout),
+                   "--deadline", str(max(10, args.timeout - 15))]
+    sysctls = {"net.ipv4.tcp_slow_start_after_idle": args.slow_start_after_idle}
+    rate = None if args.rate == "none" else args.rate
+    with netns.Hosts(args.hosts, rate=rate, sysctls=sysctls) as hosts:
+        describe = hosts.describe()
+        print(describe, flush=True)
+        cmds = netns.torchrun_commands(hosts, sys.executable, os.path.abspath(__file__),
+                                       worker_args, nproc=args.nproc)
+        start = time.monotonic()
+        results, timed_out = netns.run_jobs(cmds, args.timeout)
+        elapsed = time.monotonic() - start
+    outputs = "\n".join(r.output for r in results)
+    found = [line[len(RESULT_TAG):] for line in outputs.splitlines() if line.startswith(RESULT_TAG)]
+    if timed_out or any(r.rc != 0 for r in results) or len(found) != 1:
+        print("multihost bench: the job failed after %.0f s%s; every host's output:" % (
+            elapsed, " (deadline %d s)" % args.timeout if timed_out else ""), file=sys.stderr)
+        for r in results:
+            print(r.describe(), file=sys.stderr)
+        return 1
+    summary = summarize(args, json.loads(found[0]), describe)
+    summary["job_s"] = elapsed
+    print(report(summary))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    return 0 if all(r["wrong"] == 0 for r in summary["results"].values()) else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", default="1gbit", help="tc rate of each host's link (default 1gbit; none: unshaped)")
+    ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--algorithms", default="ring,hierarchical,auto")
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per host")
+    ap.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=1,
+                    help="net.ipv4.tcp_slow_start_after_idle in the hosts (default 1, Linux's)")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--timeout", type=int, default=540, help="deadline of the whole job, s")
+    ap.add_argument("--pg-timeout", type=float, default=120.0, help="process-group timeout, s")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=525.0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    if args.worker:
+        return worker(args)
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the namespaces are torn down.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Multi-host runs (DESIGN.md section 7): every "host" is a network namespace on one bridge
+(tests/_netns.py), and each runs its ranks under torchrun's multi-node c10d rendezvous, so
+ranks on different hosts can only talk over TCP through the veth links, and ranks of one
+host over shared memory. _multihost_worker.py checks every algorithm against exact
+expectations; this file checks the jobs end well and that pycomm saw the intended
+topology (its PYCOMM_DEBUG=INFO line per rank: node, shm peers, TCP peers).
+
+Root only (namespaces): skips with the reason otherwise.
+
+Rendezvous: c10d (torchrun --rdzv-backend=c10d) hosted by host 0's agent, with is_host and
+--local-addr given explicitly (see _netns.torchrun_commands); static rendezvous is not
+needed.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import _netns
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_multihost_worker.py")
+
+# Whole-job deadline per test; a job takes about 10 s on the 2-core CI machine.
+JOB_TIMEOUT_S = 120
+# Worker-side limits, inside the job deadline: process-group timeout and self-exit.
+WORKER_ARGS = ["--pg-timeout", "45", "--deadline", "100"]
+
+_ok, _why = _netns.available()
+pytestmark = pytest.mark.skipif(not _ok, reason="multi-host tests: %s" % _why)
+
+_INFO_RE = re.compile(r"pycomm: group '[^']*' rank (\d+)/(\d+) node (\d+): (.*), chunk ")
+_OK_RE = re.compile(r"^OK rank=(\d+) world=(\d+) host=(\S+)$", re.M)
+
+
+def _peers(transports, kind):
+    """Ranks listed for transport `kind` in an INFO line's "shm: ranks 1; tcp: ranks 2,3"."""
+    for part in transports.split("; "):
+        name, _, ranks = part.partition(": ranks ")
+        if name == kind:
+            return {int(r) for r in ranks.split(",")}
+    return set()
+
+
+def run_job(n_hosts, nproc, rate=None, env=None, worker_args=()):
+    """Builds the hosts, runs the worker on all of them, checks how it ended. Returns the
+    hosts' combined output, the story for assertion messages and, when `rate` is set, each
+    host's tbf statistics."""
+    env = dict(env or {})
+    env.setdefault("PYCOMM_DEBUG", "INFO")
+    with _netns.Hosts(n_hosts, rate=rate) as hosts:
+        cmds = _netns.torchrun_commands(hosts, sys.executable, WORKER,
+                                        list(WORKER_ARGS) + list(worker_args),
+                                        nproc=nproc, extra_env=env)
+        start = time.monotonic()
+        results, timed_out = _netns.run_jobs(cmds, JOB_TIMEOUT_S)
+        elapsed = time.monotonic() - start
+        story = "%s\n%s" % (hosts.describe(), "\n".join(r.describe() for r in results))
+        assert not timed_out, "job passed its %d s deadline\n%s" % (JOB_TIMEOUT_S, story)
+        assert all(r.rc == 0 for r in results), "a host failed after %.1f s\n%s" % (elapsed, story)
+        stats = [_qdisc_stats(h) for h in hosts.hosts] if rate else None
+    print("job took %.1f s\n%s" % (elapsed, story))
+    output = "\n".join(r.output for r in results)
+    return output, story, stats
+
+
+def _qdisc_stats(host):
+    """(bytes sent, overlimits) of the tbf on a host's link."""
+    p = subprocess.run(host.command([_netns.TC, "-s", "qdisc", "show", "dev", host.ifname]),
+                       capture_output=True, text=True, timeout=20)
+    m = re.search(r"qdisc tbf .*?Sent (\d+) bytes .*?overlimits (\d+)", p.stdout, re.S)
+    assert m, "no tbf statistics on %s: %s" % (host, p.stdout)
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_topology(output, story, n_hosts, nproc, ranks_per_node=0):
+    """Every rank finished, ranks sit on hosts in blocks of `nproc` (torchrun's numbering),
+    and each rank used shm exactly for the peers of its own node and TCP for the rest."""
+    world = n_hosts * nproc
+    oks = {int(m.group(1)): m for m in _OK_RE.finditer(output)}
+    assert sorted(oks) == list(range(world)), "ranks that finished: %s\n%s" % (sorted(oks), story)
+    for r, m in oks.items():
+        assert int(m.group(2)) == world, story
+        assert m.group(3) == oks[(r // nproc) * nproc].group(3), (
+            "rank %d is not on the host of ranks %d..%d\n%s" % (
+                r, (r // nproc) * nproc, (r // nproc) * nproc + nproc - 1, story))
+    hosts_used = {m.group(3) for m in oks.values()}
+    assert len(hosts_used) == n_hosts, "ranks ran on %s\n%s" % (sorted(hosts_used), story)
+
+    infos = {int(m.group(1)): m for m in _INFO_RE.finditer(output)}
+    assert sorted(infos) == list(range(world)), "PYCOMM_DEBUG=INFO lines for ranks %s\n%s" % (
+        sorted(infos), story)
+    group = ranks_per_node or nproc
+    for r, m in infos.items():
+        node = int(m.group(3))
+        assert node == r // group, "rank %d is in node %d, want %d\n%s" % (r, node, r // group, story)
+        same_node = {p for p in range(world) if p != r and p // group == r // group
+                     and p // nproc == r // nproc}
+        others = set(range(world)) - same_node - {r}
+        shm, tcp = _peers(m.group(4), "shm"), _peers(m.group(4), "tcp")
+        assert (shm, tcp) == (same_node, others), (
+            "rank %d: shm peers %s, tcp peers %s; want %s and %s\n%s" % (
+                r, sorted(shm), sorted(tcp), sorted(same_node), sorted(others), story))
+
+
+TOPOLOGIES = [
+    # (hosts, ranks per host, PYCOMM_RANKS_PER_NODE)
+    pytest.param(2, 2, 0, id="2hosts-x2-2nodes"),
+    pytest.param(3, 1, 0, id="3hosts-x1"),
+    pytest.param(2, 1, 0, id="2hosts-x1"),
+    pytest.param(2, 2, 1, id="2hosts-x2-rank-per-node"),
+]
+
+
+@pytest.mark.parametrize("n_hosts,nproc,rpn", TOPOLOGIES)
+def test_every_algorithm_across_hosts(n_hosts, nproc, rpn):
+    env = {"PYCOMM_RANKS_PER_NODE": str(rpn)} if rpn else {}
+    output, story, _ = run_job(n_hosts, nproc, env=env)
+    check_topology(output, story, n_hosts, nproc, rpn)
+
+
+def test_every_algorithm_across_shaped_link():
+    """2 hosts x 2 ranks over a 200 Mbit/s tbf-limited link: correctness under a shaper
+    that queues (and may drop) packets; the statistics prove the traffic went through it."""
+    output, story, stats = run_job(2, 2, rate="200mbit")
+    check_topology(output, story, 2, 2)
+    for host, (sent, overlimits) in enumerate(stats):
+        # Each host sends at least one 1 MiB all-reduce's cross-host share many times over.
+        assert sent > 8 << 20, "host %d's shaped link carried only %d bytes\n%s" % (host, sent, story)
+        assert overlimits > 0, "host %d's shaper never throttled (%d bytes)\n%s" % (host, sent, story)
