@@ -14,7 +14,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_DETERMINISTIC", "0", "Determinism level: 0 (every rank identical, run to run), 1 (fixed order), exact."},
       {"PYCOMM_TRANSPORT", "auto", "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one."},
       {"PYCOMM_RANKS_PER_NODE", "0", "Treat consecutive groups of N ranks as one node (0: group by host)."},
-      {"PYCOMM_SOCKET_IFNAME", "", "Network interface whose IPv4 address TCP listens on (default: loopback within a host, else the first up interface)."},
+      {"PYCOMM_SOCKET_IFNAME", "", "Network interface (name, or one of its IPv4 addresses) TCP listens on (default: loopback within a host, else the first up interface)."},
       {"PYCOMM_LINK_COSTS", "", "Calibration file of link costs for algorithm selection: read if it exists, else written after measuring (default: measure at group creation)."},
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},

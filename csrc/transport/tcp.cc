@@ -178,12 +178,14 @@ in_addr listen_address(const TransportSetup& s) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) fail(ErrorKind::Internal, errno_message("pycomm: getifaddrs"));
   std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> guard(list, freeifaddrs);
-  const std::string& wanted = s.config->socket_ifname;
+  const std::string& wanted = s.config->socket_ifname;  // an interface name or one of its addresses
+  in_addr wanted_address{};
+  const bool by_address = inet_pton(AF_INET, wanted.c_str(), &wanted_address) == 1;
   for (const ifaddrs* i = list; i; i = i->ifa_next) {
     if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
     const in_addr a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
     if (!wanted.empty()) {
-      if (wanted != i->ifa_name) continue;
+      if (by_address ? a.s_addr != wanted_address.s_addr : wanted != i->ifa_name) continue;
       if (!(i->ifa_flags & IFF_UP))
         fail(ErrorKind::InvalidArgument,
              "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted + ": the interface is down");
@@ -193,7 +195,7 @@ in_addr listen_address(const TransportSetup& s) {
   }
   if (!wanted.empty())
     fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted +
-                                         ": no such network interface with an IPv4 address");
+                                         ": no network interface of that name with an IPv4 address, nor an interface with that address");
   return loopback;
 }
 

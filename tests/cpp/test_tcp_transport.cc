@@ -770,10 +770,10 @@ void test_interfaces() {
     std::printf("  across hosts, rank 0 listened on %s\n", addr.c_str());
     CHECK_MSG(addr.rfind("0.0.0.0", 0) != 0, addr);
   }
-  {
+  for (const char* loopback : {"lo", "127.0.0.1"}) {  // by name or by address
     Group g(2, 4096, 2);
     g.ranks[1].host_key = "another-host";
-    g.config.socket_ifname = "lo";
+    g.config.socket_ifname = loopback;
     run_ranks(2, [&](int r) {
       auto t = g.connect(r);
       const Deadline d = Deadline::after(scaled(10000));
