@@ -10,9 +10,19 @@ NVCC := $(shell command -v nvcc 2>/dev/null)
 CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
 BENCH_ARGS ?= --np 4 -b 8 -e 64M
 LATENCY_ARGS ?= --np 4 -b 8 -e 1M --mode blocking
+BENCH_DEPS_STAMP := $(VENV)/.bench-deps-installed
+RESULTS := bench/results
+# bench-mpi: pycomm's direct API (the subject), the same backend through torch.distributed
+# (their difference is the dispatch overhead), Open MPI and Gloo, in the same processes.
+MPI_BENCH_ARGS ?= --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,mpi,gloo
+# bench-algos: one backend per pycomm all-reduce algorithm, labelled by its name.
+ALGOS ?= auto ring tree oneshot twoshot hierarchical
+comma := ,
+space := $(subst ,, )
+ALGOS_BENCH_ARGS ?= -b 8 -e 64M --backends $(subst $(space),$(comma),$(foreach a,$(ALGOS),$(a)=pycomm:algorithm=$(a)))
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench cuda-check core-test clean
+.PHONY: all build test bench bench-mpi bench-algos openmpi cuda-check core-test clean
 
 all: build
 
@@ -59,6 +69,41 @@ test: build cuda-check core-test
 bench: build
 	$(PY) -m pycomm.bench $(BENCH_ARGS)
 	$(PY) -m pycomm.bench $(LATENCY_ARGS)
+
+$(BENCH_DEPS_STAMP): requirements-bench.txt | $(DEPS_STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
+	touch $@
+
+# Open MPI's mpirun: installed from Debian when missing and we are root with apt-get.
+openmpi:
+	@command -v mpirun >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev || \
+	    { apt-get update && apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev; }; \
+	  else \
+	    echo "mpirun not found: install Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev)" >&2; \
+	    exit 1; \
+	  fi; }
+
+# $(call saved,FILE,COMMAND): COMMAND's stdout is shown and appended to FILE; fails when it does.
+saved = $(2) > $(1).part; rc=$$?; cat $(1).part >> $(1); cat $(1).part; rm -f $(1).part; [ $$rc -eq 0 ]
+
+# pycomm against Open MPI (mpi4py) and Gloo, 2 and 4 ranks, throughput and latency:
+# $(RESULTS)/cpu-allreduce-mpi-np<N>-<mode>.{txt,json}.
+bench-mpi: build openmpi $(BENCH_DEPS_STAMP)
+	@mkdir -p $(RESULTS); for np in 2 4; do for mode in b2b blocking; do \
+	  out=$(RESULTS)/cpu-allreduce-mpi-np$$np-$$mode; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(MPI_BENCH_ARGS) --json $$out.json) || exit 1; \
+	done; done
+
+# Every pycomm all-reduce algorithm against the automatic choice, 2 and 4 ranks:
+# $(RESULTS)/cpu-allreduce-algos-np<N>.{txt,json,png}; the .txt ends with the best per size.
+bench-algos: build $(BENCH_DEPS_STAMP)
+	@mkdir -p $(RESULTS); for np in 2 4; do \
+	  out=$(RESULTS)/cpu-allreduce-algos-np$$np; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(ALGOS_BENCH_ARGS) --json $$out.json) || exit 1; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench.plot $$out.json -o $$out.png) || exit 1; \
+	done
 
 clean:
 	rm -rf build pycomm/_C*.so $(EXT_STAMP) pycomm.egg-info

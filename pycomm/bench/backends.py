@@ -12,8 +12,11 @@ timing reductions. Without options a backend is called through ``torch.distribut
 (what users call); with options through the module's direct API (``pycomm.all_reduce(t,
 ..., algorithm=...)``), which takes the same arguments plus the options.
 
-Adding a backend is one :class:`BackendKind` row (mpi and nccl come later: mpi needs an
-MPI-enabled torch and an mpirun launch, nccl CUDA devices).
+``mpi`` is not a torch.distributed backend: it calls mpi4py on the tensor's memory
+(``Allreduce``/``Iallreduce`` in place on a duplicate of MPI_COMM_WORLD), so its ranks must
+be started by mpirun (``--launcher mpirun``, chosen automatically).
+
+Adding a backend is one :class:`BackendKind` row (nccl comes later, with CUDA devices).
 """
 from __future__ import annotations
 
@@ -31,18 +34,27 @@ PYCOMM_OPTIONS = {
 }
 
 
+# Direct-API options that select what the torch.distributed path does by default (when
+# the PYCOMM_* environment is unset): a direct backend with only these measures dispatch.
+PYCOMM_NEUTRAL = {("algorithm", "auto"), ("compression", "none"), ("deterministic", "0")}
+
+
 @dataclass(frozen=True)
 class BackendKind:
     name: str                     # what --backends names
-    dist_backend: str             # what dist.new_group(backend=...) is given
     device: str                   # where its tensors live
+    dist_backend: Optional[str] = None  # dist.new_group(backend=...); None: not a torch backend
     module: Optional[str] = None  # imported in the rank before the group is created
     options: Tuple[str, ...] = () # per-call options, passed to module's direct API
+    neutral: frozenset = frozenset()  # options that keep the default behaviour
+    launcher: Optional[str] = None    # the launcher its ranks need (None: any)
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
-    BackendKind("gloo", "gloo", "cpu"),
-    BackendKind("pycomm", "pycomm", "cpu", module="pycomm", options=tuple(PYCOMM_OPTIONS)),
+    BackendKind("gloo", "cpu", "gloo"),
+    BackendKind("pycomm", "cpu", "pycomm", module="pycomm", options=tuple(PYCOMM_OPTIONS),
+                neutral=frozenset(PYCOMM_NEUTRAL)),
+    BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun"),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"
@@ -83,6 +95,25 @@ def parse_backends(text: str) -> List[BackendSpec]:
     return specs
 
 
+def required_launcher(specs: List[BackendSpec]) -> Optional[str]:
+    """The launcher the backends under test need, or None when any will do."""
+    needs = {BACKENDS[s.kind].launcher for s in specs} - {None}
+    return needs.pop() if needs else None
+
+
+def dispatch_pairs(specs: List[BackendSpec]) -> List[Tuple[str, str]]:
+    """(label through torch.distributed, label through the direct API) for each backend
+    that is listed both ways, the direct one with neutral options only (e.g. ``pycomm`` and
+    ``direct=pycomm:algorithm=auto``): their difference is torch.distributed's dispatch."""
+    pairs = []
+    for plain in (s for s in specs if not s.options and BACKENDS[s.kind].options):
+        direct = next((s for s in specs if s.kind == plain.kind and s.options
+                       and set(s.options) <= BACKENDS[s.kind].neutral), None)
+        if direct is not None:
+            pairs.append((plain.label, direct.label))
+    return pairs
+
+
 class Comm:
     """One backend's process group inside a rank, and how to call a collective on it."""
 
@@ -99,15 +130,64 @@ class Comm:
         return getattr(self.api, name)(*tensors, group=self.group, async_op=async_op,
                                        **kwargs, **self.options)
 
+    def close(self) -> None:
+        import torch.distributed as dist
 
-def open_comm(spec: BackendSpec, timeout):
-    """Create the process group for ``spec`` (collective over all ranks: every rank must
-    call this for the same specs in the same order). Runs inside a rank."""
+        dist.destroy_process_group(self.group)
+
+
+class _MpiWork:
+    """An MPI request with the ``wait()`` of a torch Work."""
+
+    def __init__(self, request):
+        self.request = request
+
+    def wait(self):
+        self.request.Wait()
+
+
+class MpiComm:
+    """MPI through mpi4py, on its own duplicate of MPI_COMM_WORLD, with the calling
+    convention of :class:`Comm`. Buffers are the tensors' memory (``Tensor.numpy()`` shares
+    it), reduced in place (MPI_IN_PLACE), so no copy is timed that torch backends skip."""
+
+    def __init__(self, spec: BackendSpec, device: str):
+        from mpi4py import MPI
+
+        self.spec = spec
+        self.label = spec.label
+        self.device = device
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD.Dup()
+
+    def call(self, name: str, tensor, op, async_op: bool = True):
+        if name != "all_reduce":
+            raise NotImplementedError("mpi backend: %s is not wired up" % name)
+        MPI = self.MPI
+        buf, mpi_op = tensor.numpy(), getattr(MPI, op.name)   # ReduceOp.SUM -> MPI.SUM
+        if async_op:
+            return _MpiWork(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
+        self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+        return None
+
+    def close(self) -> None:
+        self.comm.Free()
+
+
+def open_comm(spec: BackendSpec, timeout, world: int):
+    """Create the group for ``spec`` (collective over all ranks: every rank must call this
+    for the same specs in the same order). Runs inside a rank."""
     import importlib
 
     import torch.distributed as dist
 
     kind = BACKENDS[spec.kind]
+    if kind.name == "mpi":
+        comm = MpiComm(spec, kind.device)
+        if comm.comm.Get_size() != world:
+            raise RuntimeError("MPI_COMM_WORLD has %d ranks, the run %d: start the ranks with "
+                               "--launcher mpirun" % (comm.comm.Get_size(), world))
+        return comm
     module = importlib.import_module(kind.module) if kind.module else None  # registers it
     if kind.dist_backend not in dist.Backend.backend_list:
         raise RuntimeError("backend %r is not registered with torch.distributed%s"

@@ -11,10 +11,11 @@ import shlex
 import sys
 import time
 
-from .backends import BACKENDS, DEFAULT_BACKENDS, parse_backends
+from .backends import BACKENDS, DEFAULT_BACKENDS, parse_backends, required_launcher
 from .collectives import COLLECTIVES
 from .config import (MODES, Config, canonical_dtype, canonical_op, parse_bytes,
-                     size_sweep)
+                     parse_size_list, size_sweep)
+from .launch import LAUNCHERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
     p.add_argument("-i", "--stepbytes", default="0",
                    help="size increment instead of -f when non-zero")
+    p.add_argument("--sizes", default=None, metavar="LIST",
+                   help="explicit sizes instead of -b/-e/-f/-i, comma-separated (e.g. 4K,1M,64M)")
     p.add_argument("-d", "--dtype", default="float32",
                    help="element type(s), comma-separated: float32, int32")
     p.add_argument("-o", "--op", default="sum", help="reduction op(s), comma-separated: sum, max, min")
@@ -59,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process-group timeout in seconds, so a hung collective fails inside "
                         "the ranks with the backend's own error (default min(300, timeout/2))")
     p.add_argument("--init", default="file", choices=("file", "tcp"), help="rendezvous")
+    p.add_argument("--launcher", default="auto", choices=("auto",) + tuple(LAUNCHERS),
+                   help="how ranks start: spawn (multiprocessing) or mpirun; auto: mpirun "
+                        "when a backend needs it (mpi), else spawn")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write raw per-repeat times and the summary here (e.g. bench/results/x.json)")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-size progress on stderr")
@@ -66,8 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args, argv) -> Config:
-    sizes = size_sweep(parse_bytes(args.minbytes), parse_bytes(args.maxbytes),
-                       args.stepfactor, parse_bytes(args.stepbytes))
+    if args.sizes is not None:
+        sizes = parse_size_list(args.sizes)
+    else:
+        sizes = size_sweep(parse_bytes(args.minbytes), parse_bytes(args.maxbytes),
+                           args.stepfactor, parse_bytes(args.stepbytes))
     dtypes = list(dict.fromkeys(canonical_dtype(d) for d in args.dtype.split(",") if d.strip()))
     ops = list(dict.fromkeys(canonical_op(o) for o in args.op.split(",") if o.strip()))
     if args.np < 1:
@@ -85,9 +94,11 @@ def config_from_args(args, argv) -> Config:
         raise ValueError("--pg-timeout must be > 0")
     if not sizes or not dtypes or not ops:
         raise ValueError("nothing to run (empty size range, dtype or op list)")
+    backends = parse_backends(args.backends)
+    launcher = choose_launcher(args.launcher, backends)
     return Config(
         collective=args.collective, nranks=args.np, sizes=sizes, dtypes=dtypes, ops=ops,
-        backends=parse_backends(args.backends), iters=args.iters, warmup=args.warmup_iters,
+        backends=backends, launcher=launcher, iters=args.iters, warmup=args.warmup_iters,
         iter_bytes=parse_bytes(args.iter_bytes), max_iters=max(1, args.max_iters),
         min_iters=min(2, max(1, args.max_iters)), repeats=args.repeats,
         check=bool(args.check), mode=args.mode, timeout_s=args.timeout,
@@ -96,15 +107,43 @@ def config_from_args(args, argv) -> Config:
         command="python -m pycomm.bench" + ("" if not argv else " " + shlex.join(argv)))
 
 
-def _versions() -> dict:
+def choose_launcher(choice: str, backends) -> str:
+    """The launcher to use; ValueError when the backends cannot run under it or it is
+    missing. Checked here, before anything starts (no MPI is initialised in this process)."""
+    import importlib.util
+    import shutil
+
+    needed = required_launcher(backends)
+    launcher = (needed or "spawn") if choice == "auto" else choice
+    if needed and launcher != needed:
+        raise ValueError("backend %s needs --launcher %s"
+                         % (", ".join(b.kind for b in backends
+                                      if BACKENDS[b.kind].launcher == needed), needed))
+    if launcher == "mpirun" and not shutil.which("mpirun"):
+        raise ValueError("mpirun not found: install Open MPI (Debian: apt-get install "
+                         "openmpi-bin libopenmpi-dev; `make bench-mpi` does it as root)")
+    for b in backends:
+        module = BACKENDS[b.kind].module
+        if module and importlib.util.find_spec(module) is None:
+            raise ValueError("backend %s needs the Python module %s (pip install -r "
+                             "requirements-bench.txt)" % (b.kind, module))
+    return launcher
+
+
+def _versions(cfg: Config) -> dict:
     from importlib import metadata
 
     out = {}
-    for dist_name in ("torch", "pycomm"):
+    names = ["torch", "pycomm"] + [BACKENDS[b.kind].module for b in cfg.backends]
+    for dist_name in dict.fromkeys(n for n in names if n):
         try:
             out[dist_name] = metadata.version(dist_name)
         except metadata.PackageNotFoundError:
             pass
+    if cfg.launcher == "mpirun":
+        from .launch import mpirun_version
+
+        out["mpirun"] = mpirun_version() or "unknown"
     return out
 
 
@@ -122,7 +161,7 @@ def main(argv=None) -> int:
     from . import report
     from .launch import WorldFailed, run_world
 
-    versions = _versions()
+    versions = _versions(cfg)
     print(report.header(cfg, versions), flush=True)
 
     def on_row(row):

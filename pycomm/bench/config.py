@@ -55,6 +55,11 @@ def format_bytes(n: int) -> str:
     return "%d B" % n
 
 
+def parse_size_list(text: str) -> List[int]:
+    """'4K,1M,64M' -> [4096, 1048576, 67108864] (sorted, duplicates dropped)."""
+    return sorted({parse_bytes(t) for t in text.split(",") if t.strip()})
+
+
 def size_sweep(begin: int, end: int, factor: int, step: int) -> List[int]:
     """nccl-tests -b/-e/-f/-i: multiply by ``factor``, or add ``step`` when it is non-zero."""
     if begin < 0 or end < begin:
@@ -124,6 +129,7 @@ class Config:
     repeats: int = 5
     check: bool = True
     mode: str = "b2b"
+    launcher: str = "spawn"            # a key of launch.LAUNCHERS
     timeout_s: float = 900.0           # the whole run (parent deadline)
     pg_timeout_s: float = 300.0        # each process group's timeout (per collective)
     init: str = "file"

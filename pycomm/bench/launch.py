@@ -1,28 +1,40 @@
-"""Spawn the local ranks, watch them against one deadline, collect results or failures.
+"""Start the local ranks, watch them against one deadline, collect results or failures.
 
-* "spawn" start method (fork is unsafe once torch threads exist); one pipe per rank, so a
-  rank that dies mid-write cannot corrupt another's channel, and its death reads as EOF.
-* The rendezvous (file:// in a fresh temp dir, or tcp:// on a free loopback port) is
-  created here and removed afterwards.
+* Two launchers. "spawn" (the default): multiprocessing children with the "spawn" start
+  method (fork is unsafe once torch threads exist). "mpirun": ``mpirun -np N python -m
+  pycomm.bench.worker DIR``, which MPI peers need (their ranks must share
+  MPI_COMM_WORLD).
+* The run's directory (a fresh temp dir, mode 0700) holds the pickled config, the
+  file:// rendezvous when used, the ranks' stack files and the control socket. Each rank
+  connects to that socket and reports over its own connection, so a rank that dies
+  mid-write cannot corrupt another's channel, and its death reads as EOF. The directory
+  is removed afterwards.
 * One deadline for the whole run. On the deadline, or shortly after the first failure
   (a grace period lets the peers' tracebacks arrive), every straggler gets SIGUSR1 (its
-  faulthandler writes its Python stacks to a per-rank file), then SIGKILL;
+  faulthandler writes its Python stacks to a per-rank file), then SIGKILL (under mpirun
+  also mpirun's process group: Open MPI puts each rank in a process group of its own);
   :class:`WorldFailed` carries each rank's state, last phase, traceback and stacks. The
   parent never waits unbounded.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Callable, List, Optional
 
+from .worker import CONTROL_SOCKET, RUN_FILE, stack_path
+
 FAILURE_GRACE_S = 3.0      # keep collecting peers' reports after the first failure
 STACK_DUMP_GRACE_S = 2.0   # between SIGUSR1 (stack dump) and SIGKILL
 DESTROY_GRACE_S = 30.0     # for destroy_process_group and exit after all results are in
+POLL_S = 0.5               # how often ranks that have not connected yet are looked for
 
 
 class WorldFailed(Exception):
@@ -35,17 +47,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _signal(procs, sig) -> None:
-    for p in procs:
-        if p.is_alive():
-            try:
-                os.kill(p.pid, sig)
-            except ProcessLookupError:
-                pass
+def _kill(pid: Optional[int], sig) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
-def _stack_path(tmpdir: str, rank: int) -> str:
-    return os.path.join(tmpdir, "stacks-rank%d.txt" % rank)
+def _pid_alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _read(path: str) -> str:
@@ -56,8 +73,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _exit_story(p) -> str:
-    code = p.exitcode
+def _code_story(code: Optional[int], what: str = "exit code") -> str:
     if code is None:
         return "still running, killed"
     if code < 0:
@@ -65,49 +81,164 @@ def _exit_story(p) -> str:
             return "killed by %s" % signal.Signals(-code).name
         except ValueError:
             return "killed by signal %d" % -code
-    return "exit code %d" % code
+    return "%s %d" % (what, code)
+
+
+def mpirun_command(world: int) -> List[str]:
+    """The mpirun prefix for ``world`` local ranks (Open MPI's flags)."""
+    cmd = [shutil.which("mpirun") or "mpirun"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    # --oversubscribe: ranks may outnumber cores (CI has 2); Open MPI then makes idle ranks
+    # yield. --bind-to none: the same CPU placement as the spawn launcher, so the torch
+    # backends measured in these processes are not pinned differently.
+    return cmd + ["--oversubscribe", "--bind-to", "none", "-np", str(world)]
+
+
+def mpirun_version() -> Optional[str]:
+    """``mpirun --version`` without its program name ("(Open MPI) 4.1.4"), or None."""
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = (out.stdout.strip().splitlines() or [""])[0]
+    return first.split(" ", 1)[-1] or None
+
+
+# A launcher starts ``world`` ranks on construction; ``pids`` fills in as ranks say hello.
+class _Spawned:
+    """Ranks as multiprocessing "spawn" children of this process."""
+
+    def __init__(self, rundir: str, world: int, pids: List[Optional[int]]):
+        import multiprocessing as mp
+
+        from .worker import rank_main
+
+        ctx = mp.get_context("spawn")
+        self.procs = []
+        for rank in range(world):
+            p = ctx.Process(target=rank_main, name="pycomm-bench-rank%d" % rank, daemon=True,
+                            args=(rundir, rank, world))
+            p.start()
+            self.procs.append(p)
+
+    def exited(self, rank: int) -> bool:
+        return self.procs[rank].exitcode is not None
+
+    def alive(self, rank: int) -> bool:
+        return self.procs[rank].is_alive()
+
+    def join(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(max(0.0, end - time.monotonic()))
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                _kill(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            p.join(10)
+
+    def story(self, rank: int) -> str:
+        return _code_story(self.procs[rank].exitcode)
+
+    def clean_exit(self, rank: int) -> bool:
+        return self.procs[rank].exitcode == 0
+
+
+class _Mpirun:
+    """Ranks started by one mpirun child; their pids come from their hello messages."""
+
+    def __init__(self, rundir: str, world: int, pids: List[Optional[int]]):
+        self.pids = pids
+        env = dict(os.environ)
+        # The ranks import this checkout's package, whatever their working directory.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        cmd = mpirun_command(world) + [sys.executable, "-m", "pycomm.bench.worker", rundir]
+        # mpirun's own output (and anything the ranks print) goes to stderr, keeping stdout
+        # for the report. A session of its own, so that killing its group spares ours.
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                     env=env, start_new_session=True)
+
+    def exited(self, rank: int) -> bool:
+        return self.proc.poll() is not None
+
+    def alive(self, rank: int) -> bool:
+        return _pid_alive(self.pids[rank])
+
+    def join(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        for pid in self.pids:
+            _kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            # SIGTERM first: mpirun then kills any rank whose pid never reached us.
+            self.proc.terminate()
+            self.join(5.0)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.join(10.0)
+
+    def story(self, rank: int) -> str:
+        if self.alive(rank):
+            return "still running, killed"
+        return _code_story(self.proc.poll(), "mpirun exit code")
+
+    def clean_exit(self, rank: int) -> bool:
+        return self.proc.poll() == 0
+
+
+LAUNCHERS = {"spawn": _Spawned, "mpirun": _Mpirun}
 
 
 def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
-    """Run the benchmark on ``cfg.nranks`` spawned ranks.
+    """Run the benchmark on ``cfg.nranks`` local ranks started by ``cfg.launcher``.
 
     Returns {"records": rank 0's records, "warnings": [...]} or raises WorldFailed.
     """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
+    from multiprocessing.connection import Connection, wait
 
-    from .worker import rank_main
-
-    tmpdir = tempfile.mkdtemp(prefix="pycomm-bench-")
+    rundir = tempfile.mkdtemp(prefix="pycomm-bench-")
     if cfg.init == "file":
-        init_method = "file://" + os.path.join(tmpdir, "rendezvous")
+        init_method = "file://" + os.path.join(rundir, "rendezvous")
     else:
         init_method = "tcp://127.0.0.1:%d" % _free_port()
+    with open(os.path.join(rundir, RUN_FILE), "wb") as f:
+        pickle.dump((cfg, init_method), f)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(os.path.join(rundir, CONTROL_SOCKET))
+    server.listen(cfg.nranks)
 
     world = cfg.nranks
-    ctx = mp.get_context("spawn")
-    procs, conns = [], []
-    state = ["running"] * world     # -> ok -> destroyed | err | dead | dead_after_ok
-    phase = ["spawn"] * world
+    # starting -> running -> ok -> destroyed | destroy_err | dead_after_ok; or err | dead
+    state = ["starting"] * world
+    phase = ["start"] * world
     notes = [""] * world
+    pids: List[Optional[int]] = [None] * world
+    conns = {}                      # Connection -> rank, None until its hello
     records: List[dict] = []
     deadline = time.monotonic() + cfg.timeout_s
     fail_at = None
     timed_out = False
-    try:
-        for rank in range(world):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=rank_main, name="pycomm-bench-rank%d" % rank, daemon=True,
-                            args=(rank, world, cfg, init_method, _stack_path(tmpdir, rank),
-                                  send_end))
-            p.start()
-            send_end.close()   # EOF on recv_end now means the rank is gone
-            procs.append(p)
-            conns.append(recv_end)
+    ranks = None
 
-        open_conns = {c: r for r, c in enumerate(conns)}
+    def failed_now():
+        nonlocal fail_at
+        if fail_at is None:
+            fail_at = time.monotonic()
+
+    try:
+        ranks = LAUNCHERS[cfg.launcher](rundir, world, pids)
         all_ok_at = None
-        while open_conns:
+        while conns or "starting" in state:
             now = time.monotonic()
             limit = deadline
             if fail_at is not None:
@@ -117,18 +248,41 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
             if now >= limit:
                 timed_out = fail_at is None and all_ok_at is None
                 break
-            for c in wait(list(open_conns), timeout=limit - now):
-                r = open_conns[c]
+            waiting = list(conns) + ([server] if "starting" in state else [])
+            timeout = limit - now if "starting" not in state else min(limit - now, POLL_S)
+            ready = wait(waiting, timeout=timeout)
+            if not ready:
+                # Nothing left to read or accept, so a rank that exited without a hello
+                # will never send one.
+                for r in range(world):
+                    if state[r] == "starting" and ranks.exited(r):
+                        state[r] = "dead"
+                        failed_now()
+            for c in ready:
+                if c is server:
+                    sock, _ = server.accept()
+                    conns[Connection(sock.detach())] = None
+                    continue
+                r = conns[c]
                 try:
                     kind, payload = c.recv()
                 except (EOFError, OSError):
-                    del open_conns[c]
+                    del conns[c]
+                    if r is None:
+                        continue        # died before its hello: found by ranks.exited()
                     state[r] = "dead_after_ok" if state[r] == "ok" else (
                         state[r] if state[r] in ("err", "destroyed", "destroy_err") else "dead")
-                    if state[r] == "dead" and fail_at is None:
-                        fail_at = time.monotonic()
+                    if state[r] == "dead":
+                        failed_now()
                     continue
-                if kind == "phase":
+                if r is None:
+                    if kind != "hello":
+                        raise WorldFailed("a rank spoke before its hello: %r" % (kind,))
+                    r = payload[0]
+                    pids[r] = payload[1]
+                    conns[c] = r
+                    state[r] = "running"
+                elif kind == "phase":
                     phase[r] = payload
                 elif kind == "row":
                     if on_row is not None:
@@ -143,25 +297,24 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
                 elif kind == "err":
                     state[r] = "err"
                     notes[r] = payload
-                    if fail_at is None:
-                        fail_at = time.monotonic()
+                    failed_now()
                 elif kind in ("destroyed", "destroy_err"):
                     state[r] = kind
                     notes[r] = payload or ""
-        for p in procs:
-            p.join(max(0.1, min(5.0, deadline - time.monotonic())))
-        stragglers = [p for p in procs if p.is_alive()]
+        ranks.join(max(0.1, min(5.0, deadline - time.monotonic())))
+        stragglers = [r for r in range(world) if ranks.alive(r)]
         if stragglers:
-            _signal(stragglers, signal.SIGUSR1)
+            for r in stragglers:
+                _kill(pids[r], signal.SIGUSR1)
             time.sleep(STACK_DUMP_GRACE_S)
     finally:
-        _signal(procs, signal.SIGKILL)
-        for p in procs:
-            p.join(10)
+        if ranks is not None:
+            ranks.kill()
         for c in conns:
             c.close()
-        stacks = [_read(_stack_path(tmpdir, r)) for r in range(len(procs))]
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        server.close()
+        stacks = [_read(stack_path(rundir, r)) for r in range(world)]
+        shutil.rmtree(rundir, ignore_errors=True)
 
     failed = fail_at is not None or timed_out or any(
         s not in ("ok", "destroyed", "destroy_err", "dead_after_ok") for s in state)
@@ -169,11 +322,11 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
         lines = ["%d-rank run failed%s:" % (
             world, " (deadline of %gs passed)" % cfg.timeout_s if timed_out else "")]
         seen = {}   # traceback text without its "[rank r, ...]" line -> first rank
-        for r, p in enumerate(procs):
+        for r in range(world):
             if state[r] in ("ok", "destroyed"):
                 continue
             lines.append("--- rank %d: %s (%s); last phase: %s"
-                         % (r, state[r], _exit_story(p), phase[r]))
+                         % (r, state[r], ranks.story(r), phase[r]))
             body = notes[r].split("\n", 1)[-1].rstrip()
             if body and body in seen:
                 lines.append("(same traceback as rank %d)" % seen[body])
@@ -186,9 +339,9 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
         raise WorldFailed("\n".join(lines))
 
     warnings = []
-    for r, p in enumerate(procs):
-        if state[r] != "destroyed" or p.exitcode != 0:
+    for r in range(world):
+        if state[r] != "destroyed" or not ranks.clean_exit(r):
             warnings.append("rank %d: results complete, but tear-down %s (%s; last phase: %s)%s"
-                            % (r, state[r], _exit_story(p), phase[r],
+                            % (r, state[r], ranks.story(r), phase[r],
                                ("\n" + notes[r].rstrip()) if notes[r] else ""))
     return {"records": records, "warnings": warnings}

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+from .backends import dispatch_pairs
 from .config import MODES, Config, format_bytes
 
 # The summary's size classes: (name, size, what is quoted).
@@ -70,6 +71,27 @@ def compare(results: List[dict], subject: str, peers: List[str]) -> List[dict]:
     return rows
 
 
+def dispatch(results: List[dict], pairs: List[Tuple[str, str]]) -> List[dict]:
+    """Per size and (torch label, direct label) pair: torch.distributed's dispatch overhead,
+    as the difference of the medians (us), their ratio, and the range over repeats of the
+    paired differences (repeat k through torch minus repeat k direct, run side by side)."""
+    by = {(r["backend"],) + _key(r): r for r in results}
+    rows = []
+    for via_torch, direct in pairs:
+        for d in (r for r in results if r["backend"] == direct):
+            t = by.get((via_torch,) + _key(d))
+            if t is None:
+                continue
+            diffs = [a - b for a, b in zip(t["per_repeat_us"], d["per_repeat_us"])]
+            rows.append(dict(collective=d["collective"], dtype=d["dtype"], op=d["op"],
+                             bytes=d["bytes"], torch=via_torch, direct=direct,
+                             torch_us=t["time_us"], direct_us=d["time_us"],
+                             overhead_us=t["time_us"] - d["time_us"],
+                             ratio=t["time_us"] / d["time_us"] if d["time_us"] > 0 else None,
+                             paired_us=[min(diffs), max(diffs)]))
+    return rows
+
+
 # --------------------------------------------------------------------------------------
 # text
 # --------------------------------------------------------------------------------------
@@ -82,8 +104,8 @@ def header(cfg: Config, versions: Dict[str, str]) -> str:
     lines = [
         "# pycomm.bench: %s, nccl-tests conventions" % cfg.collective,
         "# command   : %s" % cfg.command,
-        "# world     : %d local ranks (multiprocessing spawn, %s:// rendezvous)"
-        % (cfg.nranks, cfg.init),
+        "# world     : %d local ranks (%s, %s:// rendezvous)"
+        % (cfg.nranks, _launcher_text(cfg), cfg.init),
         "# backends  : %s  (ratios: %s over each peer; harness barriers/timing on a separate "
         "gloo group)" % (", ".join(b.describe() for b in cfg.backends), cfg.subject.label),
         "# mode      : %s" % MODES[cfg.mode],
@@ -102,6 +124,15 @@ def header(cfg: Config, versions: Dict[str, str]) -> str:
             ", ".join("%s %s" % kv for kv in versions.items())),
     ]
     return "\n".join(lines)
+
+
+def _launcher_text(cfg: Config) -> str:
+    if cfg.launcher == "mpirun":
+        from .launch import mpirun_command
+
+        return "%s; rank and size from OMPI_COMM_WORLD_RANK/SIZE" % " ".join(
+            ["mpirun"] + mpirun_command(cfg.nranks)[1:])
+    return "multiprocessing spawn"
 
 
 def _fmt_time(us: float) -> str:
@@ -158,14 +189,36 @@ def comparison_table(rows: List[dict], subject: str, peers: List[str]) -> str:
     return "\n".join(lines)
 
 
+def dispatch_table(rows: List[dict]) -> str:
+    lines = []
+    for via_torch, direct in dict.fromkeys((r["torch"], r["direct"]) for r in rows):
+        lines += ["#", "# torch.distributed dispatch: %s (through torch.distributed) against %s "
+                  "(the same backend through its direct API); overhead = difference of the "
+                  "medians, ratio = %s / %s, paired = range of per-repeat differences"
+                  % (via_torch, direct, via_torch, direct),
+                  "# %12s %8s %6s %12s %12s %12s %7s %17s"
+                  % ("size", "type", "redop", via_torch[:7] + "_us", direct[:7] + "_us",
+                     "overhead_us", "ratio", "paired_us")]
+        for r in rows:
+            if (r["torch"], r["direct"]) != (via_torch, direct):
+                continue
+            lines.append("  %12d %8s %6s %12s %12s %+12.2f %7s %17s" % (
+                r["bytes"], r["dtype"], r["op"], _fmt_time(r["torch_us"]).strip(),
+                _fmt_time(r["direct_us"]).strip(), r["overhead_us"],
+                "-" if r["ratio"] is None else "%.3f" % r["ratio"],
+                "%+.1f..%+.1f" % tuple(r["paired_us"])))
+    return "\n".join(lines)
+
+
 def _clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "~"
 
 
 def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str],
-            cfg: Config) -> str:
+            cfg: Config, overhead: List[dict]) -> str:
     by = {(r["backend"], r["collective"], r["dtype"], r["op"], r["bytes"]): r for r in results}
     cmp_by = {(c["collective"], c["dtype"], c["op"], c["bytes"]): c for c in rows}
+    overhead_by = {(r["torch"], r["direct"]) + _key(r): r for r in overhead}
     lines = ["#"]
     combos = []
     for r in results:
@@ -190,6 +243,16 @@ def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str
             rtext = ", ".join("x%.2f vs %s" % (x, p) for p, x in ratios.items() if x is not None)
             lines.append(text + " " + " | ".join(parts) + ("  (%s: %s)" % (subject, rtext)
                                                            if rtext else ""))
+        for pair in dict.fromkeys((r["torch"], r["direct"]) for r in overhead):
+            parts = []
+            for _, size, _ in SUMMARY_POINTS:
+                r = overhead_by.get(pair + (coll, dtype, op, size))
+                if r is not None and r["ratio"] is not None:
+                    parts.append("%+.1f us @ %s (x%.3f)"
+                                 % (r["overhead_us"], format_bytes(size), r["ratio"]))
+            if parts:
+                lines.append("#   dispatch: %s (torch.distributed) over %s (direct API): %s"
+                             % (pair + (", ".join(parts),)))
     return "\n".join(lines)
 
 
@@ -199,9 +262,11 @@ def total_wrong(results: List[dict]) -> int:
 
 def render(cfg: Config, results: List[dict], rows: List[dict]) -> str:
     labels = [b.label for b in cfg.backends]
+    overhead = dispatch(results, dispatch_pairs(cfg.backends))
     parts = [backend_table(results, b) for b in labels]
     parts.append(comparison_table(rows, labels[0], labels[1:]))
-    parts.append(summary(results, rows, labels[0], labels[1:], cfg))
+    parts.append(dispatch_table(overhead))
+    parts.append(summary(results, rows, labels[0], labels[1:], cfg, overhead))
     wrong = total_wrong(results)
     if cfg.check:
         parts.append("# correctness: %s" % ("all results exact" if wrong == 0 else
@@ -265,6 +330,7 @@ def write_json(path: str, cfg: Config, versions: Dict[str, str], results: List[d
         "subject": cfg.subject.label,
         "results": results,
         "comparison": rows,
+        "dispatch": dispatch(results, dispatch_pairs(cfg.backends)),
         "warnings": warnings,
         "elapsed_s": elapsed_s,
     }

@@ -1,26 +1,52 @@
 """What each rank runs: the control group, one group per backend, the sweep.
 
-Messages to the parent go through this rank's own pipe: ("phase", text) before each step
-(so a hang can be located), ("row", records) from rank 0 after each size, then ("ok",
-records) or ("err", traceback). Raw times only; statistics are the parent's job.
+A rank reads the run (config, rendezvous) from the launcher's private directory and
+connects back to the parent's socket there; it sends ("hello", (rank, pid)) first, then
+("phase", text) before each step (so a hang can be located), ("row", records) from rank 0
+after each size, then ("ok", records) or ("err", traceback). Raw times only; statistics
+are the parent's job.
+
+Started by multiprocessing (``rank_main``) or by mpirun (``python -m pycomm.bench.worker
+DIR``, rank and size from Open MPI's environment).
 """
 from __future__ import annotations
 
 import datetime
 import faulthandler
 import os
+import pickle
 import signal
+import socket
 import sys
 import traceback
 
+# Names inside the launcher's directory.
+RUN_FILE = "run.pickle"        # (Config, init_method), written before any rank starts
+CONTROL_SOCKET = "control.sock"
 
-def rank_main(rank: int, world: int, cfg, init_method: str, stack_path: str, conn) -> None:
+
+def stack_path(rundir: str, rank: int) -> str:
+    return os.path.join(rundir, "stacks-rank%d.txt" % rank)
+
+
+def _connect(rundir: str):
+    from multiprocessing.connection import Connection
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.path.join(rundir, CONTROL_SOCKET))
+    return Connection(s.detach())
+
+
+def rank_main(rundir: str, rank: int, world: int) -> None:
     # Python stacks go to this rank's file, which the parent adds to the failure story:
     # on a fatal signal (segfault in an extension), and on SIGUSR1, which the parent sends
     # to a rank that missed the deadline before killing it.
-    stack_file = open(stack_path, "w")
+    stack_file = open(stack_path(rundir, rank), "w")
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    with open(os.path.join(rundir, RUN_FILE), "rb") as f:
+        cfg, init_method = pickle.load(f)
+    conn = _connect(rundir)
     phase = "start"
 
     def say(kind, payload):
@@ -31,6 +57,7 @@ def rank_main(rank: int, world: int, cfg, init_method: str, stack_path: str, con
         phase = text
         say("phase", text)
 
+    say("hello", (rank, os.getpid()))
     try:
         at("import torch")
         import torch.distributed as dist
@@ -45,7 +72,7 @@ def rank_main(rank: int, world: int, cfg, init_method: str, stack_path: str, con
         comms = []
         for spec in cfg.backends:
             at("new_group(%s)" % spec.describe())
-            comms.append(open_comm(spec, timeout))
+            comms.append(open_comm(spec, timeout, world))
         records = sweep(cfg, rank, world, comms, control, at, say)
     except BaseException:
         say("err", "[rank %d, phase: %s]\n%s" % (rank, phase, traceback.format_exc()))
@@ -57,7 +84,7 @@ def rank_main(rank: int, world: int, cfg, init_method: str, stack_path: str, con
     try:
         at("destroy_process_group")
         for comm in comms:
-            dist.destroy_process_group(comm.group)
+            comm.close()
         dist.destroy_process_group()
         say("destroyed", None)
     except BaseException:
@@ -123,3 +150,8 @@ def measure(cfg, coll, comms, control, count, dtype, op, rank, world, at):
                  bytes=p.nbytes, count=p.count, iters=n, warmup=w,
                  busbw_factor=coll.busbw_factor(world), loop_s=loops[i], wrong=wrong[i])
             for i, (comm, p) in enumerate(zip(comms, prepared))]
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1], int(os.environ["OMPI_COMM_WORLD_RANK"]),
+              int(os.environ["OMPI_COMM_WORLD_SIZE"]))
