@@ -15,11 +15,13 @@ RESULTS := bench/results
 # bench-mpi: pycomm's direct API (the subject), the same backend through torch.distributed
 # (their difference is the dispatch overhead), Open MPI and Gloo, in the same processes.
 MPI_BENCH_ARGS ?= --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,mpi,gloo
-# bench-algos: one backend per pycomm all-reduce algorithm, labelled by its name.
-ALGOS ?= auto ring tree oneshot twoshot hierarchical
+# bench-algos: one backend per pycomm all-reduce algorithm, labelled by its name, in
+# blocking mode (each call's latency: the least noisy view on a shared machine). One host
+# is one node, where hierarchical falls back to auto: bench/multihost.py measures it.
+ALGOS ?= auto ring tree oneshot twoshot
 comma := ,
 space := $(subst ,, )
-ALGOS_BENCH_ARGS ?= -b 8 -e 64M --backends $(subst $(space),$(comma),$(foreach a,$(ALGOS),$(a)=pycomm:algorithm=$(a)))
+ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space),$(comma),$(foreach a,$(ALGOS),$(a)=pycomm:algorithm=$(a)))
 PYTEST_ARGS ?=
 
 .PHONY: all build test bench bench-mpi bench-algos openmpi cuda-check core-test clean

@@ -1,8 +1,13 @@
-// The cost model: alpha-beta per link class. A plan's time is its sequential message
-// steps times the latency of the slowest link class it crosses, plus its bandwidth time:
-// the bytes each rank moves over intra-node links, or the bytes that leave each node over
-// its (shared) inter-node link, whichever takes longer. Bytes per rank and per node come
-// from each algorithm's note in csrc/algorithms; ranks are numbered node by node.
+// The cost model, alpha-beta per link class, with two regimes:
+// - within one node (shared memory) a plan costs one latency per frame a rank waits for
+//   (ranks may outnumber cores, so every wait can mean a peer has to be scheduled) plus
+//   the memory traffic it causes per rank (bytes read and written by its copies and
+//   reductions, counted from the algorithm's steps), at twice the measured stream rate
+//   (the ping-pong that measures it reads and writes each byte on both sides);
+// - across nodes a plan costs one inter-node latency per sequential step plus the bytes
+//   that leave each node over its (shared) link, or that a rank sends, whichever is more.
+// Bytes per rank and per node come from each algorithm's note in csrc/algorithms; ranks
+// are numbered node by node.
 #include "core/selection.h"
 
 #include <algorithm>
@@ -16,16 +21,16 @@ double chunks(double bytes, size_t chunk_bytes) {
 }
 
 struct Plan {
-  double steps = 0;          // sequential message latencies
-  double rank_bytes = 0;     // sent (and received) per rank
-  double node_out_bytes = 0; // leaving each node, over all its ranks
+  double frames = 0;          // frames a rank waits for, one after the other (one node)
+  double traffic = 0;         // bytes of memory a rank reads and writes (one node)
+  double steps = 0;           // sequential message steps (several nodes)
+  double rank_bytes = 0;      // sent (and received) per rank
+  double node_out_bytes = 0;  // leaving each node, over all its ranks
 };
 
 double time_us(const Plan& p, const LinkCosts& c, bool multi_node) {
-  const LinkCost& flat = multi_node ? c.inter : c.intra;
-  const double intra = multi_node ? 0 : p.rank_bytes / c.intra.bytes_per_us;
-  const double cross = multi_node ? std::max(p.node_out_bytes, p.rank_bytes) / c.inter.bytes_per_us : 0;
-  return p.steps * flat.latency_us + std::max(intra, cross);
+  if (!multi_node) return p.frames * c.intra.latency_us + p.traffic / (2 * c.intra.bytes_per_us);
+  return p.steps * c.inter.latency_us + std::max(p.node_out_bytes, p.rank_bytes) / c.inter.bytes_per_us;
 }
 
 }  // namespace
@@ -61,36 +66,54 @@ double predicted_us(Algorithm a, const SelectionInput& in) {
   const size_t cb = in.chunk_bytes;
   const bool allreduce = in.collective == Collective::AllReduce;
   const double passes = allreduce ? 2 : 1;  // reduce-scatter and/or all-gather
+  const double segment_chunks = chunks(B / n, cb), whole_chunks = chunks(allreduce ? B : B / n, cb);
+  // Reduce-scatter or all-gather alone, ring or direct: the same copies and reductions.
+  const double pass_traffic = (in.collective == Collective::AllGather ? 3 * n - 2 : 3 * n - 1) / n * B;
   Plan p;
   switch (a) {
     case Algorithm::Auto:
     case Algorithm::Ring:
-      p.steps = passes * (n - 1 + chunks(B / n, cb) - 1);
+      p.frames = passes * (n - 1) * segment_chunks;
+      p.traffic = allreduce ? (6 * n - 3) / n * B : pass_traffic;
+      p.steps = passes * (n - 1 + segment_chunks - 1);
       p.rank_bytes = passes * (n - 1) / n * B;
       p.node_out_bytes = p.rank_bytes;  // one ring link leaves each node
       break;
     case Algorithm::OneShot:
-      p.steps = chunks(allreduce ? B : B / n, cb);
+      p.frames = (n - 1) * whole_chunks;
+      p.traffic = allreduce ? (2 * n + 1) * B : pass_traffic;
+      p.steps = whole_chunks;
       p.rank_bytes = allreduce ? (n - 1) * B : (n - 1) / n * B;
       p.node_out_bytes = L * (n - L) * (allreduce ? B : B / n);
       break;
     case Algorithm::TwoShot:
-      p.steps = 2 * chunks(B / n, cb);
+      p.frames = 2 * (n - 1) * segment_chunks;
+      p.traffic = (6 * n - 3) / n * B;  // as much as a ring: the same copies, fewer hops
+      p.steps = 2 * segment_chunks;
       p.rank_bytes = 2 * (n - 1) / n * B;
       p.node_out_bytes = 2 * L * (n - L) / n * B;
       break;
     case Algorithm::Tree: {
-      const double depth = std::floor(std::log2(std::max(n, 1.0)));
-      p.steps = 2 * (depth + chunks(B / 2, cb) - 1);
+      const double depth = std::floor(std::log2(std::max(n, 1.0))), half_chunks = chunks(B / 2, cb);
+      p.frames = 4 * std::max(depth, 1.0) * half_chunks;  // up and down each tree: dependent hops
+      p.traffic = n <= 2 ? 4.5 * B : 6 * B;
+      p.steps = 2 * (depth + half_chunks - 1);
       p.rank_bytes = n <= 2 ? B : 1.5 * B;
       p.node_out_bytes = p.rank_bytes;
       break;
     }
     case Algorithm::Hierarchical: {
       if (!multi || L < 1) return INFINITY;
-      const double intra_steps = 2 * chunks(B / L, cb), inter_steps = 2 * (N - 1 + chunks(B / L / N, cb) - 1);
-      return intra_steps * in.costs.intra.latency_us + inter_steps * in.costs.inter.latency_us +
-             2 * (L - 1) / L * B / in.costs.intra.bytes_per_us + 2 * (N - 1) / N * B / in.costs.inter.bytes_per_us;
+      // Intra-node direct reduce-scatter and all-gather, then the L inter-node rings share
+      // each node's link: 2 (N-1)/N * B leaves every node.
+      const double shard_chunks = chunks(B / L, cb);
+      Plan intra;
+      intra.frames = 2 * (L - 1) * shard_chunks;
+      intra.traffic = (6 * L - 3) / L * B;
+      Plan inter;
+      inter.steps = 2 * (N - 1 + chunks(B / L / N, cb) - 1);
+      inter.node_out_bytes = 2 * (N - 1) / N * B;
+      return time_us(intra, in.costs, false) + time_us(inter, in.costs, true);
     }
   }
   if (n <= 1) return 0;
@@ -108,7 +131,7 @@ Selection select_algorithm(const SelectionInput& in) {
     s.fallback = std::string(name_of(in.requested)) + " cannot serve this call (" + why + ")";
   }
   double best = INFINITY;
-  for (Algorithm a : {Algorithm::Ring, Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Tree, Algorithm::Hierarchical}) {
+  for (Algorithm a : {Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {
     if (!serves(a, in.collective, *in.topology, nullptr)) continue;
     const double t = predicted_us(a, in);
     if (t < best) {

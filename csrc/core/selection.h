@@ -46,7 +46,7 @@ bool serves(Algorithm a, Collective collective, const Topology& topology, std::s
 double predicted_us(Algorithm a, const SelectionInput& in);
 
 // The requested algorithm where it serves the request, else the cheapest by
-// predicted_us among those that do (ties to the simpler: ring first).
+// predicted_us among those that do (ties: two-shot, one-shot, ring, tree, hierarchical).
 Selection select_algorithm(const SelectionInput& in);
 
 }  // namespace pycomm
