@@ -11,20 +11,11 @@
 #include "core/communicator.h"
 #include "core/numerics.h"
 #include "device/device_ops.h"
+#include "check.h"
 #include "memory_store.h"
 
 using namespace pycomm;
 
-static int failures = 0;
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      ++failures;                                          \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                   \
-      std::fprintf(stderr, "\n");                          \
-    }                                                      \
-  } while (0)
 
 static void test_half_and_bf16() {
   // Every binary16 value survives half -> float -> half; NaN stays NaN.

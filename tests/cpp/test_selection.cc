@@ -5,19 +5,10 @@
 #include <vector>
 
 #include "core/selection.h"
+#include "check.h"
 
 using namespace pycomm;
 
-static int failures = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      ++failures;                                               \
-      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
-  } while (0)
 
 // `nodes` nodes of `per_node` ranks, numbered node by node.
 static Topology uniform(int nodes, int per_node) {
