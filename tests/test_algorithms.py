@@ -113,26 +113,34 @@ def test_every_algorithm(world):
     assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
 
 
-def info_log_world(rank, ws):
-    """The stderr lines pycomm writes during three all-reduces at PYCOMM_DEBUG=INFO."""
+def _choice_lines(calls):
+    """Runs calls() and returns the INFO lines pycomm wrote to stderr about collectives."""
     import os
     import tempfile
 
-    import pycomm
-
-    t = torch.ones(1000)
     with tempfile.TemporaryFile() as capture:
         saved = os.dup(2)
         os.dup2(capture.fileno(), 2)
         try:
-            pycomm.all_reduce(t)
-            pycomm.all_reduce(t, algorithm="tree")
-            pycomm.all_reduce(t, algorithm="hierarchical")
+            calls()
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         capture.seek(0)
         return [line for line in capture.read().decode().splitlines() if "allreduce #" in line]
+
+
+def info_log_world(rank, ws):
+    """The stderr lines pycomm writes during three all-reduces at PYCOMM_DEBUG=INFO."""
+    import pycomm
+
+    t = torch.ones(1000)
+
+    def calls():
+        pycomm.all_reduce(t)
+        pycomm.all_reduce(t, algorithm="tree")
+        pycomm.all_reduce(t, algorithm="hierarchical")
+    return _choice_lines(calls)
 
 
 def test_info_log_names_each_choice_and_fallback():
@@ -145,3 +153,37 @@ def test_info_log_names_each_choice_and_fallback():
     assert "tree): requested" in lines[1], lines[1]
     assert "hierarchical cannot serve this call (hierarchical needs more than one node), using " in lines[2], lines[2]
     assert logs[1] == [], "one line per collective, from rank 0 only: %s" % logs[1]
+
+
+def link_costs_world(rank, ws, nbytes):
+    """The algorithm auto selects for an all-reduce of nbytes, from the INFO line."""
+    import pycomm
+
+    lines = _choice_lines(lambda: pycomm.all_reduce(torch.ones(nbytes // 4)))
+    return lines[0].split("elements, ")[1].split(")")[0] if lines else None
+
+
+def test_link_costs_file_is_written_then_read(tmp_path):
+    """PYCOMM_LINK_COSTS: measured and written when missing, read (and obeyed) when present."""
+    if is_gloo():
+        pytest.skip("PYCOMM_LINK_COSTS is a pycomm knob")
+    path = tmp_path / "costs"
+    env = {"PYCOMM_LINK_COSTS": str(path), "PYCOMM_DEBUG": "INFO"}
+    run_world(link_costs_world, 2, args=(4096,), env=env, timeout=120)
+    written = path.read_text().split("\n")
+    assert written[0].startswith("intra ") and len(written[0].split()) == 3, written
+    # Costs that make every frame a millisecond: the fewest frames win (one chunk, 128 KiB).
+    path.write_text("intra 1000 10000\ninter 1000 100\n")
+    assert run_world(link_costs_world, 3, args=(1 << 17,), env=env, timeout=120)[0] == "oneshot"
+    # Free frames, slow memory: the least traffic wins even for a small message.
+    path.write_text("intra 0 10\ninter 1000 100\n")
+    assert run_world(link_costs_world, 3, args=(4096,), env=env, timeout=120)[0] == "twoshot"
+
+
+def test_malformed_link_costs_file_is_an_error(tmp_path):
+    if is_gloo():
+        pytest.skip("PYCOMM_LINK_COSTS is a pycomm knob")
+    path = tmp_path / "costs"
+    path.write_text("intra fast\n")
+    with pytest.raises(AssertionError, match="malformed link costs"):
+        run_world(link_costs_world, 2, args=(4096,), env={"PYCOMM_LINK_COSTS": str(path)}, timeout=120)
