@@ -316,3 +316,29 @@ def test_torchrun_smoke(tmp_path):
     assert rc == 0, "torchrun exited with %d:\n%s" % (rc, out[-4000:])
     for rank in range(2):
         assert "RESULT rank=%d world=2 sum=3.0" % rank in out, out[-4000:]
+
+
+def eager_world(rank, ws, nbytes):
+    """Rank 0's async all-reduce while rank 1 arrives a second late: was its Work already
+    completed when the call returned?"""
+    import time
+
+    t = torch.ones(nbytes // 4)
+    if rank == 1:
+        time.sleep(1.0)
+    w = dist.all_reduce(t, async_op=True)
+    done_on_return = w.is_completed()
+    w.wait()
+    return done_on_return, bool((t == ws).all())
+
+
+@pytest.mark.parametrize("eager_bytes,nbytes,done", [
+    ("65536", 4096, True),          # small: runs on the calling thread
+    ("65536", 1 << 20, False),      # large: handed to the worker, the call returns at once
+    ("0", 4096, False),             # eager execution switched off
+])
+def test_small_async_collectives_run_eagerly(eager_bytes, nbytes, done):
+    if is_gloo():
+        pytest.skip("PYCOMM_EAGER_BYTES is a pycomm knob")
+    results = run_world(eager_world, 2, args=(nbytes,), env={"PYCOMM_EAGER_BYTES": eager_bytes}, timeout=120)
+    assert results[0] == (done, True), results

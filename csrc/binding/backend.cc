@@ -82,6 +82,12 @@ at::Tensor Launch::in(const at::Tensor& t) {
   return keep.back();
 }
 
+size_t Launch::bytes() const {
+  size_t most = 0;
+  for (const auto& t : keep) most = std::max(most, static_cast<size_t>(t.nbytes()));
+  return most;
+}
+
 at::Tensor Launch::out(const at::Tensor& t) {
   if (t.is_contiguous()) {
     keep.push_back(t);
@@ -181,6 +187,7 @@ void ProcessGroupPycomm::run(Launch& l) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
                                                           bool blocking, int lane) {
   validate(l, title);
+  const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
   auto job = std::make_shared<Launch>(std::move(l));
   auto task = [this, work, job] {
@@ -193,7 +200,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
       work->complete(std::current_exception());
     }
   };
-  if (blocking && lane == Engine::kOrdered) engine_->run_or_submit(std::move(task));
+  // Small operations run eagerly even when asynchronous: they are latency-bound, so a
+  // hand-off to the worker thread would cost more than it could overlap.
+  const bool eager = blocking || bytes <= comm_->config().eager_bytes;
+  if (eager && lane == Engine::kOrdered) engine_->run_or_submit(std::move(task));
   else engine_->submit(std::move(task), lane);
   return work;
 }

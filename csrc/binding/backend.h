@@ -51,6 +51,7 @@ struct Launch {
   at::Tensor in_concat(const std::vector<at::Tensor>& parts);
   // A dense output whose consecutive pieces are copied into `parts` afterwards.
   at::Tensor out_split(const std::vector<at::Tensor>& parts, const at::Tensor& like);
+  size_t bytes() const;                       // of the largest tensor involved
 };
 
 class ProcessGroupPycomm final : public c10d::Backend {
@@ -101,7 +102,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> p2p(Collective c, std::vector<at::Tensor>& tensors, int peer, int tag);
   void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
   // `blocking`: the caller waits right away (async_op=False), so the engine may run it
-  // inline. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).
+  // inline; so it may when the operation is small (PYCOMM_EAGER_BYTES): its Work then
+  // comes back completed. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title, Launch&& l, bool blocking = false,
                                         int lane = Engine::kOrdered);
   // The direct API's launch: a blocking call that finds the engine idle runs on the

@@ -19,6 +19,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
+      {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30."},
       {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO: a line per group and the algorithm of each all-reduce, reduce-scatter and all-gather; TRACE: a line per operation)."},
   };
@@ -94,6 +95,7 @@ Config Config::from_env() {
   c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
   c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 2, 64));
   c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
+  c.eager_bytes = static_cast<size_t>(int_knob("PYCOMM_EAGER_BYTES", 0, 1LL << 40));
   const std::string d = knob_value("PYCOMM_DEBUG");
   if (d == "WARN") c.log_level = LogLevel::Warn;
   else if (d == "INFO") c.log_level = LogLevel::Info;
