@@ -110,12 +110,23 @@ def killed_peer_world(rank, ws, stamp_path, mode):
     return out
 
 
+# transport -> (world size, environment). "hierarchical": 2 nodes x 2 ranks, shm within
+# and TCP across, with the inter-node phase on a helper thread of each rank.
+LAYOUTS = {
+    "shm": (WS, {"PYCOMM_TRANSPORT": "shm"}),
+    "tcp": (WS, {"PYCOMM_TRANSPORT": "tcp"}),
+    "hierarchical": (4, {"PYCOMM_ALGO": "hierarchical", "PYCOMM_RANKS_PER_NODE": "2"}),
+}
+
+
 @pytest.mark.parametrize("mode", ["between", "during"])
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", list(LAYOUTS))
 def test_dead_peer_detected(tmp_path, shm_guard, transport, mode):
+    if transport == "hierarchical" and is_gloo():
+        pytest.skip("PYCOMM_ALGO is a pycomm knob")
     stamp = str(tmp_path / "victim-died-at")
-    results = run_world(killed_peer_world, WS, args=(stamp, mode),
-                        env={"PYCOMM_TRANSPORT": transport},
+    ws, env = LAYOUTS[transport]
+    results = run_world(killed_peer_world, ws, args=(stamp, mode), env=env,
                         pg_timeout=DEAD_PEER_PG_TIMEOUT_S, timeout=90,
                         expect_killed={VICTIM})
     problems = []

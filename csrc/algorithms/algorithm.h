@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/deadline.h"
@@ -48,6 +50,9 @@ struct Context {
   size_t chunk_bytes = 0;          // the same on every rank: min over the group's channels
   Deadline deadline;
   OpStamp stamp;                   // stamped on every frame of this operation
+  // Fails every wait on the group's transports (all threads) with the reason; for an
+  // algorithm whose helper thread must not outlive a failure of the calling thread.
+  std::function<void(const std::string&)> abort;
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }

@@ -253,6 +253,10 @@ Context Communicator::context() const {
   cx.topology = &topology_;
   cx.ops = &cpu_ops();
   cx.chunk_bytes = chunk_bytes_;
+  // Transports only: the caller's failure then poisons the group with the full story.
+  cx.abort = [this](const std::string& reason) {
+    for (auto& t : transports_) t->abort(reason);
+  };
   return cx;
 }
 
