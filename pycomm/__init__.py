@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp"]
+__all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp",
+           "CODECS", "encode", "decode", "quantize", "compression_error"]
 
 ReduceOp = dist.ReduceOp
 BACKEND_NAME = "pycomm"
@@ -91,3 +92,32 @@ def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compres
     work = _backend_of(group, input)._all_gather_into_tensor(
         output, input, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
+
+
+# ---- compression codecs (the same block code the collectives run) ----
+
+CODECS = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+
+
+def _block(block):
+    return _C.default_compression_block() if block is None else int(block)
+
+
+def encode(tensor, codec, block=None):
+    """The bytes ``codec`` puts on the wire for ``tensor`` (float32/float16/bfloat16, read
+    flat): blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each an fp32
+    power-of-two scale followed by the codes. Returns a 1-D uint8 tensor."""
+    return _C.encode(tensor, codec, _block(block))
+
+
+def decode(encoded, codec, numel, dtype=torch.float32, block=None):
+    """The values of ``encoded`` (from :func:`encode`) as a flat tensor of ``dtype``."""
+    return _C.decode(encoded, codec, _block(block), int(numel), dtype)
+
+
+def quantize(tensor, codec, block=None):
+    """What compression does to ``tensor`` as one rank's contribution: decode(encode(t)),
+    in the shape and dtype of ``tensor``. In a compressed all-reduce (ring, oneshot,
+    twoshot, tree) every contribution is quantized exactly so, with blocks counted from
+    the tensor's first element."""
+    return decode(encode(tensor, codec, block), codec, tensor.numel(), tensor.dtype, block).view(tensor.shape)

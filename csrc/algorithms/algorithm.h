@@ -56,7 +56,9 @@ struct Context {
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
-  ReduceSpec spec(const Request& r) const { return ReduceSpec{r.dtype, r.reduction, world}; }
+  ReduceSpec spec(const Request& r) const {
+    return ReduceSpec{r.dtype, r.reduction, world, r.options.compression, r.options.compression_block};
+  }
   // The same operation on a team of group ranks, which must include this rank.
   Context team(const std::vector<int>& group_ranks) const {
     Context t = *this;
@@ -70,12 +72,17 @@ struct Context {
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// Balanced split of `count` elements into `parts` contiguous segments; the first
-// count % parts segments hold one element more.
+// Balanced split of `count` elements into `parts` contiguous segments of whole units of
+// `unit` elements (the last unit may be short); the first units % parts segments hold one
+// unit more. Compressed data uses the codec's block as the unit, so that segments start
+// on block boundaries of the tensor.
 struct Segments {
-  size_t count, parts;
-  size_t begin(size_t i) const { return i * (count / parts) + (i < count % parts ? i : count % parts); }
-  size_t length(size_t i) const { return count / parts + (i < count % parts ? 1 : 0); }
+  size_t count, parts, unit = 1;
+  size_t begin(size_t i) const {
+    const size_t units = (count + unit - 1) / unit;
+    return std::min(count, (i * (units / parts) + std::min(i, units % parts)) * unit);
+  }
+  size_t length(size_t i) const { return begin(i + 1) - begin(i); }
 };
 
 
@@ -136,6 +143,13 @@ void direct_reduce_scatter_chunk(const Context& cx, const Request& rq, const Seg
 void ring_all_gather_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                            void* buffer);
 void direct_all_gather_chunk(const Context& cx, const SegmentChunks& chunks, size_t c, void* buffer, size_t es);
+
+// Compressed collectives (compressed.cc); rq.options.compression is set.
+void coded_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& chunks, size_t c,
+                                void* out, Stage stage);
+void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm);  // ring, oneshot, twoshot
+void coded_reduce_scatter(const Context& cx, const Request& rq);
+void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm);  // ring, oneshot
 
 void ring_allreduce(const Context& cx, const Request& rq);
 void tree_allreduce(const Context& cx, const Request& rq);

@@ -11,7 +11,8 @@
 // Bytes sent per rank: intra 2 (L-1)/L * count * element_size; inter 2 (N-1)/N * count/L
 // * accum_size, against 2 (n-1)/n * count * accum_size for a flat ring whose every link
 // carries the full stream. Transports: shared memory within nodes, TCP between them (any
-// works).
+// works). Compressed: only step 2 is, on the node's partial sums (each quantized once,
+// the result once more; see compressed.cc); the intra-node steps stay exact.
 //
 // Overlap. A large buffer is cut into slices of whole chunks. A helper thread runs step 2
 // slice by slice while this thread runs step 1 on later slices and steps 3-4 on earlier
@@ -133,6 +134,8 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
     len = std::min(shard_len, (s + 1) * per_slice * shards.chunk) - first;
   };
 
+  Request within = rq;  // within a node nothing is compressed: the links are fast
+  within.options.compression = Compression::None;
   Request across = rq;  // partials combine with the operator alone
   across.dtype = accumulation_type(rq.dtype);
   const ReduceKind k = rq.reduction.kind;
@@ -143,12 +146,13 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
     Request part = across;
     part.input = part.output = partial.data() + first * ws;
     part.count = len;
-    ring_allreduce(inter, part);
+    if (part.options.compression != Compression::None) coded_allreduce(inter, part, Algorithm::Ring);
+    else ring_allreduce(inter, part);
   };
   char* out = static_cast<char*>(rq.output);
   auto scatter = [&](size_t s) {  // 1
     for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
-      direct_reduce_scatter_chunk(intra, rq, shards, c, partial.data(), Stage::Partial);
+      direct_reduce_scatter_chunk(intra, within, shards, c, partial.data(), Stage::Partial);
   };
   auto finish = [&](size_t s) {  // 3, 4
     size_t first, len;

@@ -12,7 +12,10 @@
 // is a flow along a tree (no cycle of waits), and a rank is at most a chunk ahead of its
 // neighbours, so pipeline_depth >= 2 slots suffice.
 // Latency: 2 * depth = 2 * floor(log2 n) steps. Wire: partials in the accumulation format
-// going up, final values in the storage format going down. Bytes sent per rank: at most
+// going up, final values in the storage format going down. Compressed: each contribution
+// is quantized once as it enters the sum, partials still go up in fp32 (a tree that
+// requantized them would add an error per level), and the root's result goes down
+// encoded, quantized once; so only the downward half of the bytes shrinks. Bytes sent per rank: at most
 // count/2 * (accum_size + 2 * element_size) per tree it is interior in. The root of each
 // tree rounds each element once and all ranks copy its bits. Transports: any.
 #include <vector>
@@ -41,10 +44,17 @@ TreeLinks links_of(int n, int rank, int tree) {
 }  // namespace
 
 void tree_allreduce(const Context& cx, const Request& rq) {
-  const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
-  const SegmentChunks halves{Segments{rq.count, 2}, cx.chunk_bytes / ws};
-  const TreeLinks trees[2] = {links_of(cx.size, cx.rank, 0), links_of(cx.size, cx.rank, 1)};
   const ReduceSpec spec = cx.spec(rq);
+  const bool coded = spec.codec != Compression::None;
+  const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
+  const size_t unit = coded ? spec.block : 1;  // compressed: halves and chunks of whole blocks
+  const SegmentChunks halves{Segments{rq.count, 2, unit}, cx.chunk_bytes / ws / unit * unit};
+  const auto down_bytes = [&](size_t len) { return coded ? encoded_bytes(spec.codec, spec.block, len) : len * es; };
+  std::vector<char> result[2];  // compressed: each half's encoded result piece, root to leaves
+  if (coded) result[0].resize(down_bytes(halves.chunk)), result[1].resize(down_bytes(halves.chunk));
+  ReduceSpec decode = spec;
+  decode.reduction = Reduction{};
+  const TreeLinks trees[2] = {links_of(cx.size, cx.rank, 0), links_of(cx.size, cx.rank, 1)};
   const auto* in = static_cast<const char*>(rq.input);
   auto* out = static_cast<char*>(rq.output);
   for (size_t c = 0; c < halves.count(); ++c) {
@@ -57,11 +67,13 @@ void tree_allreduce(const Context& cx, const Request& rq) {
       int k = 1;
       for (int child : t.child)
         if (child >= 0) terms[k++] = {begin_recv_frame(cx, child, len * ws), Form::Partial};
-      if (t.parent < 0)
-        cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms, k, len);
-      else
+      if (t.parent >= 0)
         send_frame(cx, t.parent, len * ws,
                    [&](void* slot) { cx.ops->reduce_terms(spec, Stage::Partial, slot, terms, k, len); });
+      else if (coded)
+        cx.ops->reduce_terms(spec, Stage::FinalEncoded, result[h].data(), terms, k, len);
+      else
+        cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms, k, len);
       for (int child : t.child)
         if (child >= 0) end_recv_frame(cx, child);
     }
@@ -71,9 +83,15 @@ void tree_allreduce(const Context& cx, const Request& rq) {
       halves.piece(h, c, first, len);
       if (!len) continue;
       char* piece = out + first * es;
-      if (t.parent >= 0) recv_frame(cx, t.parent, len * es, [&](const void* v) { cx.ops->copy(piece, v, len * es); });
+      const size_t bytes = down_bytes(len);
+      void* down = coded ? static_cast<void*>(result[h].data()) : piece;  // what goes to the children
+      if (t.parent >= 0) recv_frame(cx, t.parent, bytes, [&](const void* v) { cx.ops->copy(down, v, bytes); });
+      if (coded) {  // every rank, the root included, decodes the same encoded bits
+        const Term encoded{down, Form::Encoded};
+        cx.ops->reduce_terms(decode, Stage::Final, piece, &encoded, 1, len);
+      }
       for (int child : t.child)
-        if (child >= 0) send_frame(cx, child, len * es, [&](void* slot) { cx.ops->copy(slot, piece, len * es); });
+        if (child >= 0) send_frame(cx, child, bytes, [&](void* slot) { cx.ops->copy(slot, down, bytes); });
     }
   }
 }

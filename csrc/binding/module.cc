@@ -3,6 +3,7 @@
 
 #include "core/config.h"
 #include "binding/backend.h"
+#include "binding/codecs.h"
 
 namespace py = pybind11;
 
@@ -38,6 +39,10 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);
 
+  m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"));
+  m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
+        py::arg("dtype"));
+  m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;
     for (const auto& k : pycomm::knobs()) out.append(py::make_tuple(k.name, k.default_value, k.meaning));

@@ -67,6 +67,8 @@ std::string describe(const OpStamp& op) {
   os << ", " << op.count << " elements";
   if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather)
     os << ", " << name_of(static_cast<Algorithm>(op.algorithm));
+  if (op.compression)
+    os << ", " << name_of(static_cast<Compression>(op.compression)) << "/" << (size_t{1} << op.compression_block);
   if (c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
       c == Collective::Scatter)
     os << ", root " << op.root;

@@ -304,8 +304,19 @@ void Communicator::validate(Request& rq) const {
   if (rq.collective == Collective::AllToAll &&
       (rq.send_counts.size() != static_cast<size_t>(size_) || rq.recv_counts.size() != static_cast<size_t>(size_)))
     bad("alltoall: split sizes must list one count per rank");
-  if (rq.options.compression != Compression::None)
-    bad("compression is not available yet");
+  // Compression applies where it saves bytes of floating data: all-reduce, reduce-scatter
+  // and all-gather of float32 (any codec) and of 16-bit floats (fp8 codecs). Every other
+  // call runs uncompressed, so a group-wide PYCOMM_COMPRESSION never touches integers.
+  if (rq.options.compression != Compression::None) {
+    const bool collective_applies = rq.collective == Collective::AllReduce ||
+                                    rq.collective == Collective::ReduceScatter ||
+                                    rq.collective == Collective::AllGather;
+    const bool dtype_applies = rq.dtype == DataType::Float32 || rq.dtype == DataType::Float16 ||
+                               rq.dtype == DataType::BFloat16;
+    if (!collective_applies || !dtype_applies || code_size(rq.options.compression) >= element_size(rq.dtype))
+      rq.options.compression = Compression::None;
+    if (!rq.options.compression_block) rq.options.compression_block = config_.compression_block;
+  }
   if (rq.options.determinism != Determinism::Default)
     bad("deterministic modes are not available yet");
 }
@@ -317,6 +328,9 @@ OpStamp Communicator::stamp_for(const Request& rq) {
   s.reduce = static_cast<uint8_t>(rq.reduction.kind);
   s.collective = static_cast<uint8_t>(rq.collective);
   s.root = rq.root;
+  s.compression = static_cast<uint8_t>(rq.options.compression);
+  if (rq.options.compression != Compression::None)
+    while ((size_t{1} << s.compression_block) < rq.options.compression_block) ++s.compression_block;
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
     // Numbered on the pair's own stream; each counter belongs to one p2p lane.
     s.root = rq.tag;
@@ -347,22 +361,28 @@ void Communicator::execute(const Request& rq) {
   if (config_.log_level >= LogLevel::Trace)
     log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + describe(cx.stamp));
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
+  const bool coded = rq.options.compression != Compression::None;
   try {
     switch (rq.collective) {
       case Collective::AllReduce:
         switch (chosen.algorithm) {
           case Algorithm::Tree: tree_allreduce(cx, rq); break;
           case Algorithm::Hierarchical: hierarchical_allreduce(cx, rq); break;
-          case Algorithm::OneShot: oneshot_allreduce(cx, rq); break;
-          case Algorithm::TwoShot: twoshot_allreduce(cx, rq); break;
-          default: ring_allreduce(cx, rq); break;
+          default:
+            if (coded) coded_allreduce(cx, rq, chosen.algorithm);
+            else if (chosen.algorithm == Algorithm::OneShot) oneshot_allreduce(cx, rq);
+            else if (chosen.algorithm == Algorithm::TwoShot) twoshot_allreduce(cx, rq);
+            else ring_allreduce(cx, rq);
+            break;
         }
         break;
-      case Collective::ReduceScatter:
-        (chosen.algorithm == Algorithm::OneShot ? direct_reduce_scatter : ring_reduce_scatter)(cx, rq);
+      case Collective::ReduceScatter:  // compressed: contributions go straight to their owner
+        if (coded) coded_reduce_scatter(cx, rq);
+        else (chosen.algorithm == Algorithm::OneShot ? direct_reduce_scatter : ring_reduce_scatter)(cx, rq);
         break;
       case Collective::AllGather:
-        (chosen.algorithm == Algorithm::OneShot ? direct_allgather : ring_allgather)(cx, rq);
+        if (coded) coded_allgather(cx, rq, chosen.algorithm);
+        else (chosen.algorithm == Algorithm::OneShot ? direct_allgather : ring_allgather)(cx, rq);
         break;
       case Collective::Broadcast: chain_broadcast(cx, rq); break;
       case Collective::Reduce: chain_reduce(cx, rq); break;

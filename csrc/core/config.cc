@@ -11,6 +11,7 @@ const std::vector<Knob>& knobs() {
   static const std::vector<Knob> table = {
       {"PYCOMM_ALGO", "auto", "Algorithm: auto|ring|tree|hierarchical|oneshot|twoshot for every collective, or per collective: allreduce=tree,reducescatter=ring."},
       {"PYCOMM_COMPRESSION", "none", "Wire compression of floating reductions: none|fp16|bf16|fp8_e4m3|fp8_e5m2."},
+      {"PYCOMM_COMPRESSION_BLOCK", "256", "Elements per fp32 scale of the compression codecs (bf16 keeps the scale 1): a power of two, 16 to 1024."},
       {"PYCOMM_DETERMINISTIC", "0", "Determinism level: 0 (every rank identical, run to run), 1 (fixed order), exact."},
       {"PYCOMM_TRANSPORT", "auto", "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one."},
       {"PYCOMM_RANKS_PER_NODE", "0", "Treat consecutive groups of N ranks as one node (0: group by host)."},
@@ -82,6 +83,11 @@ Config Config::from_env() {
   Config c;
   parse_algorithms(knob_value("PYCOMM_ALGO"), c);
   c.defaults.compression = parse_compression(knob_value("PYCOMM_COMPRESSION"));
+  c.compression_block = static_cast<size_t>(int_knob("PYCOMM_COMPRESSION_BLOCK", 16, 1024));
+  if (c.compression_block & (c.compression_block - 1))
+    fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_COMPRESSION_BLOCK=" + std::to_string(c.compression_block) +
+                                         " is not a power of two");
+  c.defaults.compression_block = c.compression_block;
   c.defaults.determinism = parse_determinism(knob_value("PYCOMM_DETERMINISTIC"));
   const std::string t = knob_value("PYCOMM_TRANSPORT");
   if (t == "auto") c.transport = TransportChoice::Auto;

@@ -39,7 +39,8 @@ struct Config {
   size_t shm_chunk_bytes = 0;
   size_t tcp_chunk_bytes = 0;
   int pipeline_depth = 0;             // slots per channel direction
-  size_t eager_bytes = 0;             // asynchronous collectives this small run at once
+  size_t eager_bytes = 0;
+  size_t compression_block = 0;       // elements per scale of the scaled codecs             // asynchronous collectives this small run at once
   int spin_us = -1;                   // -1: spin only when local ranks <= cores
   LogLevel log_level = LogLevel::Warn;
 

@@ -46,6 +46,24 @@ decltype(auto) dispatch_reduce(ReduceKind k, F&& f) {
   fail(ErrorKind::Internal, "pycomm: unknown reduce op");
 }
 
+// Compression::None has no code format and is not dispatched here.
+template <class F>
+decltype(auto) dispatch_codec(Compression c, F&& f) {
+  switch (c) {
+    case Compression::Fp16: return f(TypeTag<CodeFp16>{});
+    case Compression::Bf16: return f(TypeTag<CodeBf16>{});
+    case Compression::Fp8E4M3: return f(TypeTag<CodeFp8E4M3>{});
+    case Compression::Fp8E5M2: return f(TypeTag<CodeFp8E5M2>{});
+    case Compression::None: break;
+  }
+  fail(ErrorKind::Internal, "pycomm: no code format for this compression");
+}
+
+// Bytes of n elements encoded with `codec` in blocks of `block` elements.
+inline size_t encoded_bytes(Compression codec, size_t block, size_t n) {
+  return dispatch_codec(codec, [&](auto tag) { return encoded_size<typename decltype(tag)::type>(n, block); });
+}
+
 inline size_t accum_size(DataType t) {
   return dispatch_dtype(t, [](auto tag) { return sizeof(AccOf<typename decltype(tag)::type>); });
 }

@@ -158,4 +158,127 @@ PYCOMM_HD A finalize(A v, int world_size) {
   return v;
 }
 
+
+// ---- Wire codecs (compression) ----
+//
+// An encoded buffer of n elements is a sequence of blocks of `block` elements (the last
+// may be shorter), each stored as [fp32 scale][codes]. The scale is a power of two, 2^e,
+// chosen per block as the smallest that brings the block's largest finite magnitude
+// within the code's `kTarget`; a code holds value / scale rounded to nearest even, so a
+// decoded value is code * scale. Power-of-two scales make the scaling exact: encoding is
+// the plain float -> format cast of value * 2^-e, bit for bit the cast torch does, and
+// quantizing twice gives the same bits as quantizing once.
+// NaN and +-Inf keep their kind and sign and do not enter the scale, so one Inf leaves
+// its block's finite neighbours intact. Finite values never overflow the format (the
+// scale prevents it); e4m3 has no Inf code, so this codec reserves its largest finite
+// code, 0x7e (448), for Inf and scales finite values to at most 416, the next code down.
+
+// 8-bit float (1 sign, E exponent, M mantissa bits, bias 2^(E-1)-1) from a float that is
+// finite and within the format's range: round to nearest even, subnormals included.
+template <int E, int M>
+PYCOMM_HD uint8_t fp8_bits_from_finite(float f) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  const uint32_t x = bit_cast_<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7fffffffu;
+  const float min_normal = bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias) << 23);
+  if (bit_cast_<float>(ax) < min_normal) {  // subnormal: add a magic number, let the FPU round
+    const float magic = bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias + 23 - M) << 23);
+    const float v = bit_cast_<float>(ax) + magic;
+    return static_cast<uint8_t>(sign | (bit_cast_<uint32_t>(v) - bit_cast_<uint32_t>(magic)));
+  }
+  const uint32_t rounded = ax + ((1u << (22 - M)) - 1) + ((ax >> (23 - M)) & 1u);
+  return static_cast<uint8_t>(sign | ((rounded >> (23 - M)) - (static_cast<uint32_t>(127 - kBias) << M)));
+}
+
+// The float value of a finite 8-bit code (exponent field not all ones for e5m2).
+template <int E, int M>
+PYCOMM_HD float float_from_fp8_finite(uint8_t c) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t exp = (c >> M) & ((1u << E) - 1), mant = c & ((1u << M) - 1);
+  if (exp == 0) {
+    const float mag = static_cast<float>(mant) * bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias - M) << 23);
+    return bit_cast_<float>(sign | bit_cast_<uint32_t>(mag));
+  }
+  return bit_cast_<float>(sign | ((exp + 127 - kBias) << 23) | (mant << (23 - M)));
+}
+
+// One code format per codec: Code (the stored integer), kScaled (whether blocks are
+// scaled at all), kTarget (the largest magnitude a finite scaled value may have),
+// encode(scaled value, any float), decode(code).
+struct CodeFp16 {
+  using Code = uint16_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kTarget = 65504.0f;
+  static PYCOMM_HD Code encode(float v) { return half_bits_from_float(v); }
+  static PYCOMM_HD float decode(Code c) { return float_from_half_bits(c); }
+};
+struct CodeBf16 {  // fp32's range: the scale is always 1
+  using Code = uint16_t;
+  static constexpr bool kScaled = false;
+  static constexpr float kTarget = 3.4028234663852886e38f;
+  static PYCOMM_HD Code encode(float v) { return bf16_bits_from_float(v); }
+  static PYCOMM_HD float decode(Code c) { return float_from_bf16_bits(c); }
+};
+struct CodeFp8E4M3 {
+  using Code = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kTarget = 416.0f;
+  static PYCOMM_HD Code encode(float v) {
+    if (v != v) return 0x7f;
+    if (v - v != 0.0f) return v > 0 ? 0x7e : 0xfe;  // Inf
+    return fp8_bits_from_finite<4, 3>(v);
+  }
+  static PYCOMM_HD float decode(Code c) {
+    if ((c & 0x7f) == 0x7f) return bit_cast_<float>(0x7fc00000u);
+    if ((c & 0x7f) == 0x7e) return bit_cast_<float>((c & 0x80u ? 0xff800000u : 0x7f800000u));
+    return float_from_fp8_finite<4, 3>(c);
+  }
+};
+struct CodeFp8E5M2 {
+  using Code = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kTarget = 57344.0f;
+  static PYCOMM_HD Code encode(float v) {
+    if (v != v) return 0x7f;
+    if (v - v != 0.0f) return v > 0 ? 0x7c : 0xfc;
+    return fp8_bits_from_finite<5, 2>(v);
+  }
+  static PYCOMM_HD float decode(Code c) {
+    if ((c & 0x7c) == 0x7c) {
+      if (c & 0x03) return bit_cast_<float>(0x7fc00000u);
+      return bit_cast_<float>((c & 0x80u ? 0xff800000u : 0x7f800000u));
+    }
+    return float_from_fp8_finite<5, 2>(c);
+  }
+};
+
+// 2^e for the block whose largest finite magnitude is `amax`: the smallest power of two
+// (e in [-126, 126], so that 2^-e is normal too) with amax / 2^e <= kTarget; 1 for a block
+// without finite non-zeros, and for unscaled codes.
+template <class Code>
+PYCOMM_HD float block_scale(float amax) {
+  if (!Code::kScaled || !(amax > 0.0f)) return 1.0f;
+  // amax = m * 2^p with m in [1, 2): start just below the answer, then step to it.
+  const int p = static_cast<int>((bit_cast_<uint32_t>(amax) >> 23) & 0xff) - 127;
+  const int t = static_cast<int>((bit_cast_<uint32_t>(Code::kTarget) >> 23) & 0xff) - 127;
+  int e = p - t - 1;
+  if (e < -126) e = -126;
+  if (e > 126) e = 126;
+  while (e < 126 && amax * bit_cast_<float>(static_cast<uint32_t>(127 - e) << 23) > Code::kTarget) ++e;
+  return bit_cast_<float>(static_cast<uint32_t>(127 + e) << 23);
+}
+
+// 2^-e for the scale 2^e of block_scale (exact).
+PYCOMM_HD float inverse_scale(float scale) {
+  return bit_cast_<float>((254u << 23) - bit_cast_<uint32_t>(scale));
+}
+
+// Bytes of n elements encoded with `block`-element blocks of Code.
+template <class Code>
+PYCOMM_HD size_t encoded_size(size_t n, size_t block) {
+  return (n + block - 1) / block * sizeof(float) + n * sizeof(typename Code::Code);
+}
+
 }  // namespace pycomm

@@ -37,12 +37,16 @@ struct OpStamp {
   uint8_t reduce = 0;     // ReduceKind
   uint8_t algorithm = 0;  // Algorithm chosen for it: ranks that chose differently fail fast
   int32_t root = 0;       // root rank or p2p tag
+  uint8_t compression = 0;       // Compression on the wire
+  uint8_t compression_block = 0; // log2 of its block
+  uint8_t reserved[6] = {};
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
-           reduce == o.reduce && algorithm == o.algorithm && root == o.root;
+           reduce == o.reduce && algorithm == o.algorithm && root == o.root && compression == o.compression &&
+           compression_block == o.compression_block;
   }
 };
-static_assert(sizeof(OpStamp) == 24, "OpStamp is a wire format");
+static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");
 
 // "allreduce #12 (float32, sum, 1000 elements)"; implemented with the collective table.
 std::string describe(const OpStamp& op);
@@ -59,7 +63,7 @@ struct FrameHeader {
   uint32_t reserved2 = 0;
   OpStamp op;
 };
-static_assert(sizeof(FrameHeader) == 40, "FrameHeader is a wire format");
+static_assert(sizeof(FrameHeader) == 48, "FrameHeader is a wire format");
 
 struct PeerInfo {
   int rank = -1;

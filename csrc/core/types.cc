@@ -69,6 +69,21 @@ const char* name_of(Collective c) {
   return "?";
 }
 
+const char* name_of(Compression c) {
+  switch (c) {
+    case Compression::None: return "none";
+    case Compression::Fp16: return "fp16";
+    case Compression::Bf16: return "bf16";
+    case Compression::Fp8E4M3: return "fp8_e4m3";
+    case Compression::Fp8E5M2: return "fp8_e5m2";
+  }
+  return "?";
+}
+
+size_t code_size(Compression c) {
+  return c == Compression::Fp8E4M3 || c == Compression::Fp8E5M2 ? 1 : 2;
+}
+
 const char* name_of(Algorithm a) {
   switch (a) {
     case Algorithm::Auto: return "auto";

@@ -47,9 +47,12 @@ enum class Determinism : uint8_t { Default, Ordered, Exact };
 
 struct CallOptions {
   Algorithm algorithm = Algorithm::Auto;
-  Compression compression = Compression::None;
+  Compression compression = Compression::None;  // None wherever it would not apply
+  size_t compression_block = 0;                  // elements per scale (a power of two)
   Determinism determinism = Determinism::Default;
 };
+const char* name_of(Compression c);
+size_t code_size(Compression c);  // bytes per element on the wire (without the scales)
 
 const char* name_of(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);

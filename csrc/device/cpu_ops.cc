@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/dispatch.h"
@@ -52,6 +53,83 @@ void reduce_terms_loop(void* out, const Term* terms, int k, size_t n, AccOf<T> p
   }
 }
 
+// The same fold with a codec, one codec block at a time (scales are per block). Input
+// terms are quantized on load; Encoded terms are decoded; the output is written in the
+// accumulation format, the storage format, or encoded (see Stage).
+template <class Code>
+struct BlockCodec {
+  using C = typename Code::Code;
+  static constexpr size_t stride(size_t block) { return sizeof(float) + block * sizeof(C); }
+  static void decode(const char* enc, float* v, size_t m) {
+    float scale;
+    std::memcpy(&scale, enc, sizeof scale);
+    const C* codes = reinterpret_cast<const C*>(enc + sizeof(float));
+    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
+  }
+  static float scale_of(const float* v, size_t m) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < m; ++i) {
+      const float a = std::fabs(v[i]);
+      if (a - a == 0.0f && a > amax) amax = a;  // finite only
+    }
+    return block_scale<Code>(amax);
+  }
+  static void encode(const float* v, char* enc, size_t m) {
+    const float scale = scale_of(v, m), inv = inverse_scale(scale);
+    std::memcpy(enc, &scale, sizeof scale);
+    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
+  }
+  static void quantize(float* v, size_t m) {
+    const float scale = scale_of(v, m), inv = inverse_scale(scale);
+    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
+  }
+};
+
+template <class T, ReduceKind K, class Code>
+void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
+                        float premul) {
+  using N = Numeric<T>;
+  using BC = BlockCodec<Code>;
+  constexpr size_t kMaxBlock = 4096;
+  const size_t block = spec.block, stride = BC::stride(block);
+  float acc[kMaxBlock], v[kMaxBlock];
+  for (size_t b = 0, base = 0; base < n; ++b, base += block) {
+    const size_t m = std::min(block, n - base);
+    for (int j = 0; j < k; ++j) {
+      float* dst = j == 0 ? acc : v;
+      switch (terms[j].form) {
+        case Form::Input: {
+          const T* x = static_cast<const T*>(terms[j].data) + base;
+          for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
+          BC::quantize(dst, m);
+          break;
+        }
+        case Form::Partial:
+          std::memcpy(dst, static_cast<const float*>(terms[j].data) + base, m * sizeof(float));
+          break;
+        case Form::Encoded:
+          BC::decode(static_cast<const char*>(terms[j].data) + b * stride, dst, m);
+          break;
+      }
+      if (j > 0)
+        for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], v[i]);
+    }
+    if (stage == Stage::Final || stage == Stage::FinalEncoded)
+      for (size_t i = 0; i < m; ++i) acc[i] = finalize<K>(acc[i], spec.world_size);
+    switch (stage) {
+      case Stage::Partial: std::memcpy(static_cast<float*>(out) + base, acc, m * sizeof(float)); break;
+      case Stage::Final: {
+        T* o = static_cast<T*>(out) + base;
+        for (size_t i = 0; i < m; ++i) o[i] = N::store(acc[i]);
+        break;
+      }
+      case Stage::Encoded:
+      case Stage::FinalEncoded: BC::encode(acc, static_cast<char*>(out) + b * stride, m); break;
+    }
+  }
+}
+
 class CpuOps final : public DeviceOps {
  public:
   void copy(void* dst, const void* src, size_t bytes) const override {
@@ -66,8 +144,19 @@ class CpuOps final : public DeviceOps {
       dispatch_reduce(spec.reduction.kind, [&](auto kind) {
         constexpr ReduceKind K = decltype(kind)::value;
         const auto premul = static_cast<AccOf<T>>(spec.reduction.premul);
-        if (stage == Stage::Final) reduce_terms_loop<T, K, true>(out, terms, k, n, premul, spec.world_size);
-        else reduce_terms_loop<T, K, false>(out, terms, k, n, premul, spec.world_size);
+        if (spec.codec != Compression::None) {
+          if constexpr (std::is_same_v<AccOf<T>, float>) {
+            dispatch_codec(spec.codec, [&](auto code) {
+              reduce_terms_coded<T, K, typename decltype(code)::type>(spec, stage, out, terms, k, n, premul);
+            });
+          } else {
+            fail(ErrorKind::Internal, "pycomm: compression of a type that does not accumulate in float32");
+          }
+        } else if (stage == Stage::Final) {
+          reduce_terms_loop<T, K, true>(out, terms, k, n, premul, spec.world_size);
+        } else {
+          reduce_terms_loop<T, K, false>(out, terms, k, n, premul, spec.world_size);
+        }
       });
     });
   }

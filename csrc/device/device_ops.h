@@ -12,20 +12,30 @@ namespace pycomm {
 
 // Partial values travel in the accumulation format (fp32 for 16-bit floats) so that a
 // result is rounded once, at Stage::Final, where AVG's division also happens.
-enum class Stage { Partial, Final };
+// With a codec: Encoded writes the (unfinalized) value encoded, as a contribution or a
+// partial goes on the wire; FinalEncoded finalizes first, as a result goes on the wire.
+enum class Stage { Partial, Final, Encoded, FinalEncoded };
 
 struct ReduceSpec {
   DataType dtype = DataType::Float32;
   Reduction reduction;   // already normalized for the dtype (see normalized())
   int world_size = 1;
+  // Compression of floating data (float32, float16, bfloat16) on the wire; `block`
+  // elements per scale. Blocks start at element 0 of every operand, so callers pass
+  // operands that start on a block boundary of the tensor.
+  Compression codec = Compression::None;
+  size_t block = 0;
 };
 
 // Bool reductions are logical: SUM/MAX become MAX (or), PRODUCT/MIN become MIN (and).
 Reduction normalized(DataType t, Reduction r);
 
 // One operand of a reduction: a rank's input in the storage format (its contribution:
-// PREMUL_SUM scales it), or partial values already in the accumulation format.
-enum class Form : uint8_t { Input, Partial };
+// PREMUL_SUM scales it), partial values already in the accumulation format, or values as
+// the codec encoded them. With a codec, an Input is quantized as it is loaded, exactly as
+// if it had been encoded and decoded: every contribution is quantized once, whether it
+// crossed the wire or stayed on its rank, so every rank reduces the same operands.
+enum class Form : uint8_t { Input, Partial, Encoded };
 struct Term {
   const void* data;
   Form form;

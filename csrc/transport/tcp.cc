@@ -13,7 +13,7 @@
 // deadline passed, so a stranger can neither take a peer's place nor stop the group from
 // forming. Connects, accepts and handshakes all progress together in one poll() loop.
 //
-// Wire. Each frame is a FrameHeader (40 bytes) followed by `bytes` payload bytes: Data
+// Wire. Each frame is a FrameHeader (48 bytes) followed by `bytes` payload bytes: Data
 // frames carry at most chunk_bytes(); an Abort frame carries the reason (<= 1 KiB).
 // Every received header is checked (magic, kind, size) before its payload is read.
 //

@@ -598,7 +598,7 @@ bool read_exact(int fd, void* buf, size_t n) {
 }
 
 // Plays rank 1 of `g` by hand: handshakes with rank 0 over a raw socket (checking the
-// Ack), then checks one frame from rank 0 byte for byte (40-byte header, then payload),
+// Ack), then checks one frame from rank 0 byte for byte (48-byte header, then payload),
 // then sends `tail` (raw bytes: frames or garbage) and finally leaves as `end` says.
 enum class End { WaitForClose, Close, Reset };
 void fake_rank1(const Group& g, const std::string& tail, End end) {
