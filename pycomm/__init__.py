@@ -103,16 +103,18 @@ def _block(block):
     return _C.default_compression_block() if block is None else int(block)
 
 
-def encode(tensor, codec, block=None):
+def encode(tensor, codec, block=None, out=None):
     """The bytes ``codec`` puts on the wire for ``tensor`` (float32/float16/bfloat16, read
     flat): blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each an fp32
-    power-of-two scale followed by the codes. Returns a 1-D uint8 tensor."""
-    return _C.encode(tensor, codec, _block(block))
+    power-of-two scale followed by the codes. Returns a 1-D uint8 tensor (``out`` if
+    given)."""
+    return _C.encode(tensor, codec, _block(block), out)
 
 
-def decode(encoded, codec, numel, dtype=torch.float32, block=None):
-    """The values of ``encoded`` (from :func:`encode`) as a flat tensor of ``dtype``."""
-    return _C.decode(encoded, codec, _block(block), int(numel), dtype)
+def decode(encoded, codec, numel, dtype=torch.float32, block=None, out=None):
+    """The values of ``encoded`` (from :func:`encode`) as a flat tensor of ``dtype``
+    (``out`` if given)."""
+    return _C.decode(encoded, codec, _block(block), int(numel), dtype, out)
 
 
 def quantize(tensor, codec, block=None):

@@ -39,9 +39,10 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);
 
-  m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"));
+  m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"),
+        py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
-        py::arg("dtype"));
+        py::arg("dtype"), py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;

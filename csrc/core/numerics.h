@@ -34,29 +34,29 @@ struct BFloat16 { uint16_t bits; };
 struct Bool8 { uint8_t value; };  // torch.bool: one byte holding 0 or 1
 
 // IEEE binary16 from binary32, round to nearest even; NaN -> quiet NaN keeping the sign,
-// overflow -> Inf (the same results as torch's float->half cast).
+// overflow -> Inf (the same results as torch's float->half cast). Every case is computed
+// and one selected, without branches, so loops over it vectorize.
 PYCOMM_HD uint16_t half_bits_from_float(float f) {
   const uint32_t x = bit_cast_<uint32_t>(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x47800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
-  if (ax < 0x38800000u) {  // result is subnormal or zero: let the FPU round at 2^-24
-    const float magic = 0.5f;
-    const float v = bit_cast_<float>(ax) + magic;
-    return static_cast<uint16_t>(sign | (bit_cast_<uint32_t>(v) - bit_cast_<uint32_t>(magic)));
-  }
-  const uint32_t mant_odd = (ax >> 13) & 1u;
-  ax += 0xc8000fffu + mant_odd;  // rebias exponent 127 -> 15 and round to nearest even
-  return static_cast<uint16_t>(sign | (ax >> 13));
+  const uint32_t ax = x & 0x7fffffffu;
+  const uint32_t special = ax > 0x7f800000u ? 0x7e00u : 0x7c00u;  // NaN, or Inf and overflow
+  // Subnormal or zero result: adding 0.5 makes the FPU round at 2^-24.
+  const uint32_t sub = bit_cast_<uint32_t>(bit_cast_<float>(ax) + 0.5f) - 0x3f000000u;
+  // Normal: rebias the exponent 127 -> 15 and round to nearest even (wraps harmlessly
+  // for the lanes that select another case).
+  const uint32_t normal = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
+  const uint32_t r = ax >= 0x47800000u ? special : ax < 0x38800000u ? sub : normal;
+  return static_cast<uint16_t>(sign | r);
 }
 
 PYCOMM_HD float float_from_half_bits(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
-  if (em >= 0x7c00u) return bit_cast_<float>(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
-  if (em >= 0x0400u) return bit_cast_<float>(sign | ((em << 13) + 0x38000000u));
-  const float mag = static_cast<float>(em) * 5.9604644775390625e-8f;  // em * 2^-24, exact
-  return bit_cast_<float>(sign | bit_cast_<uint32_t>(mag));
+  const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);
+  const uint32_t normal = (em << 13) + 0x38000000u;
+  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(em) * 5.9604644775390625e-8f);  // em * 2^-24
+  return bit_cast_<float>(sign | (em >= 0x7c00u ? special : em >= 0x0400u ? normal : sub));
 }
 
 // bfloat16 from binary32, round to nearest even; every NaN -> 0x7fc0 (as torch does).
@@ -170,38 +170,38 @@ PYCOMM_HD A finalize(A v, int world_size) {
 // quantizing twice gives the same bits as quantizing once.
 // NaN and +-Inf keep their kind and sign and do not enter the scale, so one Inf leaves
 // its block's finite neighbours intact. Finite values never overflow the format (the
-// scale prevents it); e4m3 has no Inf code, so this codec reserves its largest finite
-// code, 0x7e (448), for Inf and scales finite values to at most 416, the next code down.
+// scale prevents it) nor come back infinite: close to float32's maximum, where the
+// nearest code times the scale would exceed it, the block encoder saturates that code
+// one step down. e4m3 has no Inf code, so this codec reserves its largest finite code,
+// 0x7e (448), for Inf and scales finite values to at most 416, the next code down.
 
 // 8-bit float (1 sign, E exponent, M mantissa bits, bias 2^(E-1)-1) from a float that is
 // finite and within the format's range: round to nearest even, subnormals included.
+// Branch-free like half_bits_from_float.
 template <int E, int M>
 PYCOMM_HD uint8_t fp8_bits_from_finite(float f) {
-  constexpr int kBias = (1 << (E - 1)) - 1;
+  constexpr uint32_t kBias = (1u << (E - 1)) - 1;
+  constexpr uint32_t kMinNormal = (127 + 1 - kBias) << 23;        // bits of 2^(1-bias)
+  constexpr uint32_t kMagic = (127 + 1 - kBias + 23 - M) << 23;   // ulp of the subnormals = 1
   const uint32_t x = bit_cast_<uint32_t>(f);
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t ax = x & 0x7fffffffu;
-  const float min_normal = bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias) << 23);
-  if (bit_cast_<float>(ax) < min_normal) {  // subnormal: add a magic number, let the FPU round
-    const float magic = bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias + 23 - M) << 23);
-    const float v = bit_cast_<float>(ax) + magic;
-    return static_cast<uint8_t>(sign | (bit_cast_<uint32_t>(v) - bit_cast_<uint32_t>(magic)));
-  }
+  const uint32_t sub = bit_cast_<uint32_t>(bit_cast_<float>(ax) + bit_cast_<float>(kMagic)) - kMagic;
   const uint32_t rounded = ax + ((1u << (22 - M)) - 1) + ((ax >> (23 - M)) & 1u);
-  return static_cast<uint8_t>(sign | ((rounded >> (23 - M)) - (static_cast<uint32_t>(127 - kBias) << M)));
+  const uint32_t normal = (rounded >> (23 - M)) - ((127 - kBias) << M);
+  return static_cast<uint8_t>(sign | (ax < kMinNormal ? sub : normal));
 }
 
 // The float value of a finite 8-bit code (exponent field not all ones for e5m2).
 template <int E, int M>
 PYCOMM_HD float float_from_fp8_finite(uint8_t c) {
-  constexpr int kBias = (1 << (E - 1)) - 1;
+  constexpr uint32_t kBias = (1u << (E - 1)) - 1;
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-  const uint32_t exp = (c >> M) & ((1u << E) - 1), mant = c & ((1u << M) - 1);
-  if (exp == 0) {
-    const float mag = static_cast<float>(mant) * bit_cast_<float>(static_cast<uint32_t>(127 + 1 - kBias - M) << 23);
-    return bit_cast_<float>(sign | bit_cast_<uint32_t>(mag));
-  }
-  return bit_cast_<float>(sign | ((exp + 127 - kBias) << 23) | (mant << (23 - M)));
+  const uint32_t em = c & 0x7fu;  // exponent and mantissa
+  const uint32_t normal = ((em << (23 - M)) + ((127 - kBias) << 23));
+  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(em) *
+                                           bit_cast_<float>((127 + 1 - kBias - M) << 23));
+  return bit_cast_<float>(sign | (em < (1u << M) ? sub : normal));
 }
 
 // One code format per codec: Code (the stored integer), kScaled (whether blocks are
@@ -226,14 +226,17 @@ struct CodeFp8E4M3 {
   static constexpr bool kScaled = true;
   static constexpr float kTarget = 416.0f;
   static PYCOMM_HD Code encode(float v) {
-    if (v != v) return 0x7f;
-    if (v - v != 0.0f) return v > 0 ? 0x7e : 0xfe;  // Inf
-    return fp8_bits_from_finite<4, 3>(v);
+    const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
+    const uint8_t finite = fp8_bits_from_finite<4, 3>(v);
+    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | 0x7eu);
+    return ax > 0x7f800000u ? 0x7f : ax == 0x7f800000u ? inf : finite;
   }
   static PYCOMM_HD float decode(Code c) {
-    if ((c & 0x7f) == 0x7f) return bit_cast_<float>(0x7fc00000u);
-    if ((c & 0x7f) == 0x7e) return bit_cast_<float>((c & 0x80u ? 0xff800000u : 0x7f800000u));
-    return float_from_fp8_finite<4, 3>(c);
+    const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+    const float finite = float_from_fp8_finite<4, 3>(c);
+    const uint32_t em = c & 0x7fu;
+    return em == 0x7fu ? bit_cast_<float>(0x7fc00000u)
+                       : em == 0x7eu ? bit_cast_<float>(sign | 0x7f800000u) : finite;
   }
 };
 struct CodeFp8E5M2 {
@@ -241,16 +244,17 @@ struct CodeFp8E5M2 {
   static constexpr bool kScaled = true;
   static constexpr float kTarget = 57344.0f;
   static PYCOMM_HD Code encode(float v) {
-    if (v != v) return 0x7f;
-    if (v - v != 0.0f) return v > 0 ? 0x7c : 0xfc;
-    return fp8_bits_from_finite<5, 2>(v);
+    const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
+    const uint8_t finite = fp8_bits_from_finite<5, 2>(v);
+    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | 0x7cu);
+    return ax > 0x7f800000u ? 0x7f : ax == 0x7f800000u ? inf : finite;
   }
   static PYCOMM_HD float decode(Code c) {
-    if ((c & 0x7c) == 0x7c) {
-      if (c & 0x03) return bit_cast_<float>(0x7fc00000u);
-      return bit_cast_<float>((c & 0x80u ? 0xff800000u : 0x7f800000u));
-    }
-    return float_from_fp8_finite<5, 2>(c);
+    const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+    const float finite = float_from_fp8_finite<5, 2>(c);
+    const uint32_t em = c & 0x7fu;
+    return em > 0x7cu ? bit_cast_<float>(0x7fc00000u)
+                      : em == 0x7cu ? bit_cast_<float>(sign | 0x7f800000u) : finite;
   }
 };
 

@@ -56,6 +56,8 @@ void reduce_terms_loop(void* out, const Term* terms, int k, size_t n, AccOf<T> p
 // The same fold with a codec, one codec block at a time (scales are per block). Input
 // terms are quantized on load; Encoded terms are decoded; the output is written in the
 // accumulation format, the storage format, or encoded (see Stage).
+constexpr size_t kMaxCodecBlock = 4096;
+
 template <class Code>
 struct BlockCodec {
   using C = typename Code::Code;
@@ -66,23 +68,38 @@ struct BlockCodec {
     const C* codes = reinterpret_cast<const C*>(enc + sizeof(float));
     for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
   }
-  static float scale_of(const float* v, size_t m) {
-    float amax = 0.0f;
+  // The largest finite magnitude, on the bits: non-negative floats order as their bits
+  // do, and an integer max reduction vectorizes where a float one (NaN rules) does not.
+  static float largest_finite(const float* v, size_t m) {
+    int32_t amax = 0;  // signed: SSE2 has signed 32-bit compares only
     for (size_t i = 0; i < m; ++i) {
-      const float a = std::fabs(v[i]);
-      if (a - a == 0.0f && a > amax) amax = a;  // finite only
+      const int32_t a = bit_cast_<int32_t>(v[i]) & 0x7fffffff;
+      const int32_t finite = a < 0x7f800000 ? a : 0;
+      amax = finite > amax ? finite : amax;
     }
-    return block_scale<Code>(amax);
+    return bit_cast_<float>(amax);
+  }
+  // Codes of one block; returns its scale. Near float32's maximum the nearest code can
+  // decode beyond it (to Inf): such codes saturate one step down instead, so a finite
+  // value never comes back infinite. Rounding is monotonic, so only a block whose largest
+  // value overflows can hold one.
+  static float encode_block(const float* v, C* codes, size_t m) {
+    const float amax = largest_finite(v, m);
+    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
+    if (std::isinf(Code::decode(Code::encode(amax * inv)) * scale))
+      for (size_t i = 0; i < m; ++i)
+        if (std::isfinite(v[i]) && std::isinf(Code::decode(codes[i]) * scale)) codes[i] = static_cast<C>(codes[i] - 1);
+    return scale;
   }
   static void encode(const float* v, char* enc, size_t m) {
-    const float scale = scale_of(v, m), inv = inverse_scale(scale);
+    const float scale = encode_block(v, reinterpret_cast<C*>(enc + sizeof(float)), m);
     std::memcpy(enc, &scale, sizeof scale);
-    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
-    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
   }
   static void quantize(float* v, size_t m) {
-    const float scale = scale_of(v, m), inv = inverse_scale(scale);
-    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
+    C codes[kMaxCodecBlock];
+    const float scale = encode_block(v, codes, m);
+    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
   }
 };
 
@@ -91,9 +108,10 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
                         float premul) {
   using N = Numeric<T>;
   using BC = BlockCodec<Code>;
-  constexpr size_t kMaxBlock = 4096;
   const size_t block = spec.block, stride = BC::stride(block);
-  float acc[kMaxBlock], v[kMaxBlock];
+  // Encoding one contribution quantizes it once, in the encoder: quantizing is idempotent.
+  const bool quantize_inputs = !(k == 1 && stage == Stage::Encoded);
+  float acc[kMaxCodecBlock], v[kMaxCodecBlock];
   for (size_t b = 0, base = 0; base < n; ++b, base += block) {
     const size_t m = std::min(block, n - base);
     for (int j = 0; j < k; ++j) {
@@ -102,7 +120,7 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         case Form::Input: {
           const T* x = static_cast<const T*>(terms[j].data) + base;
           for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
-          BC::quantize(dst, m);
+          if (quantize_inputs) BC::quantize(dst, m);
           break;
         }
         case Form::Partial:
