@@ -1,16 +1,22 @@
-"""Hierarchical against flat ring all-reduce across a slow link between two simulated hosts.
+"""All-reduce across a slow link between simulated hosts: hierarchical against flat ring,
+compressed against uncompressed, pycomm against gloo.
 
     .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
+        [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo]
 
 Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (tests/_netns.py; root
 only), every host's link limited to --rate by tc tbf on the host side of its veth (its
 egress, so both directions of the link between the two hosts), and runs one torchrun job
 across them. Each rank times float32 SUM all-reduce of --size bytes through
-pycomm.all_reduce(t, algorithm=A) for every A of --algorithms: one warm-up call each,
+pycomm.all_reduce(t, algorithm=A, compression=C) for every variant A[+C] of --algorithms
+(or dist.all_reduce on a gloo group for "gloo"): one warm-up call each,
 then --repeats rounds, the algorithms interleaved within each round, a barrier on a gloo
 group before every timed call. A call's time is the slowest rank's; the median over the
 rounds is reported with nccl-tests' algbw = S/t and busbw = S/t * 2(n-1)/n, and the ratio
-of hierarchical's busbw to ring's. Every result is checked (#wrong).
+of hierarchical's busbw to ring's, and every variant's busbw over auto's and gloo's. Every
+result is checked (#wrong: the inputs are small integers, exact under every codec), and
+each variant's relative RMS error against fp64 is measured on Gaussian data in the same
+job.
 
 Wire model, S bytes, n ranks on N hosts of L = n/N: the flat ring in rank order crosses
 each host boundary once per direction and sends 2(n-1)/n S over each link, so each host's
@@ -37,6 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULT_TAG = "MULTIHOST-RESULT "
+ERROR_ELEMENTS = 1 << 20  # Gaussian elements per rank for the error column
 
 
 def parse_size(text):
@@ -77,15 +84,31 @@ def worker(args):
     algorithms = [a for a in args.algorithms.split(",") if a]
 
     t = torch.empty(args.size // 4, dtype=torch.float32)
-    want = float(n * (n + 1) // 2)
+    want = float(n * (n + 1) // 2)  # small integers: exact under every codec too
+
+    def all_reduce(variant, x):
+        if variant == "gloo":
+            dist.all_reduce(x, group=gloo)
+        else:
+            algorithm, _, codec = variant.partition("+")
+            pycomm.all_reduce(x, algorithm=algorithm, compression=codec or None)
 
     def timed(a):
         t.fill_(rank + 1)
         dist.barrier(group=gloo)
         start = time.perf_counter()
-        pycomm.all_reduce(t, algorithm=a)
+        all_reduce(a, t)
         elapsed = time.perf_counter() - start
         return elapsed, int((t != want).sum())
+
+    def error(a):
+        """Relative RMS error against fp64 on Gaussian data (every rank regenerates all)."""
+        xs = [torch.randn(ERROR_ELEMENTS, generator=torch.Generator().manual_seed(r), dtype=torch.float64)
+              for r in range(n)]
+        x = xs[rank].float()
+        all_reduce(a, x)
+        ref = torch.stack(xs).sum(0)
+        return ((x.double() - ref).norm() / ref.norm()).item()
 
     for a in algorithms:
         timed(a)
@@ -100,9 +123,10 @@ def worker(args):
             wrong[i] += w
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)   # a call ends with its slowest rank
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=gloo)
+    errors = [error(a) for a in algorithms]
     if rank == 0:
         out = {"world": n,
-               "results": {a: {"times_s": times[i].tolist(), "wrong": int(wrong[i])}
+               "results": {a: {"times_s": times[i].tolist(), "wrong": int(wrong[i]), "rel_rms_error": errors[i]}
                            for i, a in enumerate(algorithms)}}
         print(RESULT_TAG + json.dumps(out), flush=True)
     dist.barrier(group=gloo)
@@ -138,7 +162,12 @@ def summarize(args, raw, describe):
     for a, r in raw["results"].items():
         t = statistics.median(r["times_s"])
         rows[a] = {"median_s": t, "times_s": r["times_s"], "algbw_GBps": args.size / t / 1e9,
-                   "busbw_GBps": args.size / t / 1e9 * factor, "wrong": r["wrong"]}
+                   "busbw_GBps": args.size / t / 1e9 * factor, "wrong": r["wrong"],
+                   "rel_rms_error": r["rel_rms_error"]}
+    for peer in ("auto", "gloo"):  # busbw of every variant over the peer's, same run
+        if peer in rows:
+            for r in rows.values():
+                r["x_" + peer] = r["busbw_GBps"] / rows[peer]["busbw_GBps"]
     ratio = None
     if "ring" in rows and "hierarchical" in rows:
         ratio = rows["hierarchical"]["busbw_GBps"] / rows["ring"]["busbw_GBps"]
@@ -153,12 +182,14 @@ def report(s):
     lines = ["multi-host all-reduce: %d hosts x %d ranks, link %s (tbf, each host's egress), "
              "float32 sum, %s, median of %d" % (s["hosts"], s["ranks_per_host"], s["rate"],
                                                 human(s["size_bytes"]), s["repeats"]),
-             "%-14s %10s %12s %12s %7s  %s" % ("algorithm", "time_ms", "algbw_GB/s",
-                                               "busbw_GB/s", "#wrong", "all times_ms")]
+             "%-18s %10s %12s %12s %7s %10s %8s %8s  %s" % (
+                 "variant", "time_ms", "algbw_GB/s", "busbw_GB/s", "#wrong", "rel_error", "x_auto",
+                 "x_gloo", "all times_ms")]
+    ratio = lambda r, k: "%8.2f" % r[k] if k in r else "%8s" % "-"  # noqa: E731
     for a, r in s["results"].items():
-        lines.append("%-14s %10.1f %12.4f %12.4f %7d  %s" % (
-            a, r["median_s"] * 1e3, r["algbw_GBps"], r["busbw_GBps"], r["wrong"],
-            " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
+        lines.append("%-18s %10.1f %12.4f %12.4f %7d %10.2e %s %s  %s" % (
+            a, r["median_s"] * 1e3, r["algbw_GBps"], r["busbw_GBps"], r["wrong"], r["rel_rms_error"],
+            ratio(r, "x_auto"), ratio(r, "x_gloo"), " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
     if s["hierarchical_over_ring_busbw"] is not None:
         lines.append("hierarchical/ring busbw: %.2fx (target >= 1.5x; bound from bytes per "
                      "host link: %s)" % (s["hierarchical_over_ring_busbw"],
@@ -210,7 +241,8 @@ def main():
     ap.add_argument("--rate", default="1gbit", help="tc rate of each host's link (default 1gbit; none: unshaped)")
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--algorithms", default="ring,hierarchical,auto")
+    ap.add_argument("--algorithms", default="ring,hierarchical,auto",
+                    help="variants: a pycomm algorithm, algorithm+codec (auto+fp8_e4m3), or gloo")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2, help="ranks per host")
     ap.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=1,

@@ -55,51 +55,54 @@ void reduce_terms_loop(void* out, const Term* terms, int k, size_t n, AccOf<T> p
 
 // The same fold with a codec, one codec block at a time (scales are per block). Input
 // terms are quantized on load; Encoded terms are decoded; the output is written in the
-// accumulation format, the storage format, or encoded (see Stage).
+// accumulation format, the storage format, or encoded (see Stage). Each operand costs
+// one or two passes over the block in L1: decoding folds as it goes, loading an input
+// finds its largest magnitude as it goes.
 constexpr size_t kMaxCodecBlock = 4096;
+
+// The largest finite magnitude is tracked on the bits: non-negative floats order as
+// their bits do, and a signed 32-bit max vectorizes (SSE2) where a float one (NaN rules)
+// does not.
+inline int32_t finite_magnitude(float f) {
+  const int32_t a = bit_cast_<int32_t>(f) & 0x7fffffff;
+  return a < 0x7f800000 ? a : 0;
+}
 
 template <class Code>
 struct BlockCodec {
   using C = typename Code::Code;
   static constexpr size_t stride(size_t block) { return sizeof(float) + block * sizeof(C); }
-  static void decode(const char* enc, float* v, size_t m) {
+  static float scale_of(const char* enc) {
     float scale;
     std::memcpy(&scale, enc, sizeof scale);
-    const C* codes = reinterpret_cast<const C*>(enc + sizeof(float));
-    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
-  }
-  // The largest finite magnitude, on the bits: non-negative floats order as their bits
-  // do, and an integer max reduction vectorizes where a float one (NaN rules) does not.
-  static float largest_finite(const float* v, size_t m) {
-    int32_t amax = 0;  // signed: SSE2 has signed 32-bit compares only
-    for (size_t i = 0; i < m; ++i) {
-      const int32_t a = bit_cast_<int32_t>(v[i]) & 0x7fffffff;
-      const int32_t finite = a < 0x7f800000 ? a : 0;
-      amax = finite > amax ? finite : amax;
-    }
-    return bit_cast_<float>(amax);
-  }
-  // Codes of one block; returns its scale. Near float32's maximum the nearest code can
-  // decode beyond it (to Inf): such codes saturate one step down instead, so a finite
-  // value never comes back infinite. Rounding is monotonic, so only a block whose largest
-  // value overflows can hold one.
-  static float encode_block(const float* v, C* codes, size_t m) {
-    const float amax = largest_finite(v, m);
-    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
-    if (std::isinf(Code::decode(Code::encode(amax * inv)) * scale))
-      for (size_t i = 0; i < m; ++i)
-        if (std::isfinite(v[i]) && std::isinf(Code::decode(codes[i]) * scale)) codes[i] = static_cast<C>(codes[i] - 1);
     return scale;
   }
-  static void encode(const float* v, char* enc, size_t m) {
-    const float scale = encode_block(v, reinterpret_cast<C*>(enc + sizeof(float)), m);
-    std::memcpy(enc, &scale, sizeof scale);
+  static const C* codes_of(const char* enc) { return reinterpret_cast<const C*>(enc + sizeof(float)); }
+  // Near float32's maximum the nearest code times the scale can exceed it; then finite
+  // values must saturate one code down instead of coming back infinite. Rounding is
+  // monotonic, so only a block whose largest value overflows can hold such a code.
+  static bool may_overflow(float amax, float scale) {
+    return std::isinf(Code::decode(Code::encode(amax * inverse_scale(scale))) * scale);
   }
-  static void quantize(float* v, size_t m) {
-    C codes[kMaxCodecBlock];
-    const float scale = encode_block(v, codes, m);
-    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
+  static C saturated(float v, C code, float scale) {
+    return std::isfinite(v) && std::isinf(Code::decode(code) * scale) ? static_cast<C>(code - 1) : code;
+  }
+  static void encode(const float* v, float amax, char* enc, size_t m) {
+    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    std::memcpy(enc, &scale, sizeof scale);
+    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
+    if (may_overflow(amax, scale))
+      for (size_t i = 0; i < m; ++i) codes[i] = saturated(v[i], codes[i], scale);
+  }
+  // v = decode(encode(v)) in place; amax: the largest finite magnitude of v.
+  static void quantize(float* v, float amax, size_t m) {
+    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    if (may_overflow(amax, scale)) {
+      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated(v[i], Code::encode(v[i] * inv), scale)) * scale;
+      return;
+    }
+    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
   }
 };
 
@@ -115,26 +118,44 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   for (size_t b = 0, base = 0; base < n; ++b, base += block) {
     const size_t m = std::min(block, n - base);
     for (int j = 0; j < k; ++j) {
-      float* dst = j == 0 ? acc : v;
       switch (terms[j].form) {
         case Form::Input: {
           const T* x = static_cast<const T*>(terms[j].data) + base;
-          for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
-          if (quantize_inputs) BC::quantize(dst, m);
+          float* dst = j == 0 ? acc : v;
+          int32_t amax = 0;
+          for (size_t i = 0; i < m; ++i) {
+            dst[i] = contribution<K>(N::load(x[i]), premul);
+            const int32_t a = finite_magnitude(dst[i]);
+            amax = a > amax ? a : amax;
+          }
+          if (quantize_inputs) BC::quantize(dst, bit_cast_<float>(amax), m);
+          if (j > 0)
+            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], v[i]);
           break;
         }
-        case Form::Partial:
-          std::memcpy(dst, static_cast<const float*>(terms[j].data) + base, m * sizeof(float));
+        case Form::Partial: {
+          const float* x = static_cast<const float*>(terms[j].data) + base;
+          if (j == 0)
+            std::memcpy(acc, x, m * sizeof(float));
+          else
+            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], x[i]);
           break;
-        case Form::Encoded:
-          BC::decode(static_cast<const char*>(terms[j].data) + b * stride, dst, m);
+        }
+        case Form::Encoded: {
+          const char* enc = static_cast<const char*>(terms[j].data) + b * stride;
+          const float scale = BC::scale_of(enc);
+          const auto* codes = BC::codes_of(enc);
+          if (j == 0)
+            for (size_t i = 0; i < m; ++i) acc[i] = Code::decode(codes[i]) * scale;
+          else
+            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], Code::decode(codes[i]) * scale);
           break;
+        }
       }
-      if (j > 0)
-        for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], v[i]);
     }
-    if (stage == Stage::Final || stage == Stage::FinalEncoded)
-      for (size_t i = 0; i < m; ++i) acc[i] = finalize<K>(acc[i], spec.world_size);
+    if constexpr (K == ReduceKind::Avg)
+      if (stage == Stage::Final || stage == Stage::FinalEncoded)
+        for (size_t i = 0; i < m; ++i) acc[i] = finalize<K>(acc[i], spec.world_size);
     switch (stage) {
       case Stage::Partial: std::memcpy(static_cast<float*>(out) + base, acc, m * sizeof(float)); break;
       case Stage::Final: {
@@ -143,7 +164,15 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         break;
       }
       case Stage::Encoded:
-      case Stage::FinalEncoded: BC::encode(acc, static_cast<char*>(out) + b * stride, m); break;
+      case Stage::FinalEncoded: {
+        int32_t amax = 0;
+        for (size_t i = 0; i < m; ++i) {
+          const int32_t a = finite_magnitude(acc[i]);
+          amax = a > amax ? a : amax;
+        }
+        BC::encode(acc, bit_cast_<float>(amax), static_cast<char*>(out) + b * stride, m);
+        break;
+      }
     }
   }
 }
