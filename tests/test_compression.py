@@ -229,3 +229,40 @@ def test_compression_mismatch_between_ranks_fails():
     messages = run_world(mismatch_world, 2, pg_timeout=60, timeout=90)
     for rank, msg in enumerate(messages):
         assert "different collectives or arguments" in msg or "aborted" in msg, "rank %d: %s" % (rank, msg)
+
+
+def reference_world(rank, ws):
+    """pycomm.compression_error models the wire exactly: its sum is the all-reduce's bits."""
+    import pycomm
+
+    problems = []
+    for codec in CODECS:
+        xs = [_gaussian(9, r, 5003) for r in range(ws)]
+        for algo in ("ring", "twoshot", "oneshot"):
+            t = xs[rank].clone()
+            pycomm.all_reduce(t, compression=codec, algorithm=algo)
+            if not torch.equal(t, pycomm._compressed_sum(xs, codec, algo)):
+                problems.append("%s %s: all-reduce differs from the model" % (algo, codec))
+        report = pycomm.compression_error(xs, codec)
+        t = xs[rank].clone()
+        pycomm.all_reduce(t, compression=codec, algorithm="twoshot")
+        measured = _rel_rms(t, torch.stack([x.double() for x in xs]).sum(0))
+        if not math.isclose(report["rel_rms_error"], measured, rel_tol=1e-6):
+            problems.append("%s: compression_error %.6e, measured %.6e" % (codec, report["rel_rms_error"], measured))
+    return problems
+
+
+def test_compression_error_models_the_all_reduce():
+    problems = run_world(reference_world, 3, timeout=120)
+    assert not any(problems), "\n".join(sum(problems, []))
+
+
+def test_compression_error_report():
+    import pycomm
+
+    g = torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 1e-4
+    for codec in CODECS:
+        r = pycomm.compression_error(g, codec, world_size=8)
+        assert r["world_size"] == 8 and r["nonfinite"] == 0
+        assert r["rel_rms_error_fp32"] < 1e-6 < r["rel_rms_error"] <= BOUND[codec], r
+        assert abs(r["wire_ratio"] - (0.25 if codec.startswith("fp8") else 0.5)) < 0.02, r
