@@ -221,41 +221,31 @@ struct CodeBf16 {  // fp32's range: the scale is always 1
   static PYCOMM_HD Code encode(float v) { return bf16_bits_from_float(v); }
   static PYCOMM_HD float decode(Code c) { return float_from_bf16_bits(c); }
 };
-struct CodeFp8E4M3 {
+// The 8-bit codes: NaN is 0x7f (and, for e5m2, every code above Inf's); Inf is kInf,
+// with the sign bit for -Inf.
+template <int E, int M, uint32_t kInf>
+struct CodeFp8 {
   using Code = uint8_t;
   static constexpr bool kScaled = true;
-  static constexpr float kTarget = 416.0f;
   static PYCOMM_HD Code encode(float v) {
     const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
-    const uint8_t finite = fp8_bits_from_finite<4, 3>(v);
-    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | 0x7eu);
+    const uint8_t finite = fp8_bits_from_finite<E, M>(v);
+    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | kInf);
     return ax > 0x7f800000u ? 0x7f : ax == 0x7f800000u ? inf : finite;
   }
   static PYCOMM_HD float decode(Code c) {
     const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-    const float finite = float_from_fp8_finite<4, 3>(c);
+    const float finite = float_from_fp8_finite<E, M>(c);
     const uint32_t em = c & 0x7fu;
-    return em == 0x7fu ? bit_cast_<float>(0x7fc00000u)
-                       : em == 0x7eu ? bit_cast_<float>(sign | 0x7f800000u) : finite;
+    return em > kInf ? bit_cast_<float>(0x7fc00000u) : em == kInf ? bit_cast_<float>(sign | 0x7f800000u) : finite;
   }
 };
-struct CodeFp8E5M2 {
-  using Code = uint8_t;
-  static constexpr bool kScaled = true;
+// e4m3 has no Inf: its largest finite code (448) stands for it, finite values stay <= 416.
+struct CodeFp8E4M3 : CodeFp8<4, 3, 0x7e> {
+  static constexpr float kTarget = 416.0f;
+};
+struct CodeFp8E5M2 : CodeFp8<5, 2, 0x7c> {
   static constexpr float kTarget = 57344.0f;
-  static PYCOMM_HD Code encode(float v) {
-    const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
-    const uint8_t finite = fp8_bits_from_finite<5, 2>(v);
-    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | 0x7cu);
-    return ax > 0x7f800000u ? 0x7f : ax == 0x7f800000u ? inf : finite;
-  }
-  static PYCOMM_HD float decode(Code c) {
-    const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-    const float finite = float_from_fp8_finite<5, 2>(c);
-    const uint32_t em = c & 0x7fu;
-    return em > 0x7cu ? bit_cast_<float>(0x7fc00000u)
-                      : em == 0x7cu ? bit_cast_<float>(sign | 0x7f800000u) : finite;
-  }
 };
 
 // 2^e for the block whose largest finite magnitude is `amax`: the smallest power of two
