@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/perturbation.h"
 #include "core/topology.h"
 #include "core/transport.h"
 #include "core/types.h"
@@ -53,11 +54,13 @@ struct Context {
   // Fails every wait on the group's transports (all threads) with the reason; for an
   // algorithm whose helper thread must not outlive a failure of the calling thread.
   std::function<void(const std::string&)> abort;
+  const Perturbation* perturb = nullptr;  // test hook (PYCOMM_TEST_PERTURB); null: none
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
   ReduceSpec spec(const Request& r) const {
-    return ReduceSpec{r.dtype, r.reduction, world, r.options.compression, r.options.compression_block};
+    return ReduceSpec{r.dtype, r.reduction, world, r.options.compression, r.options.compression_block,
+                      r.options.determinism == Determinism::Exact};
   }
   // The same operation on a team of group ranks, which must include this rank.
   Context team(const std::vector<int>& group_ranks) const {
@@ -89,6 +92,7 @@ struct Segments {
 // Frame helpers: one frame of `bytes` to/from a peer; `fill`/`use` work on the slot.
 template <class Fill>
 void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
+  if (cx.perturb) cx.perturb->before_send();
   Channel& ch = cx.to(peer);
   void* slot = ch.begin_send(cx.deadline);
   fill(slot);
@@ -152,6 +156,9 @@ void coded_reduce_scatter(const Context& cx, const Request& rq);
 void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm);  // ring, oneshot
 
 void ring_allreduce(const Context& cx, const Request& rq);
+// Deterministic modes' ring: the direct reduce-scatter of twoshot (each element reduced by
+// its owner from all contributions) and the ring all-gather.
+void ordered_ring_allreduce(const Context& cx, const Request& rq);
 void tree_allreduce(const Context& cx, const Request& rq);
 void hierarchical_allreduce(const Context& cx, const Request& rq);
 void oneshot_allreduce(const Context& cx, const Request& rq);

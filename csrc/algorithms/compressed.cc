@@ -21,7 +21,8 @@
 //
 // Algorithms:
 //   oneshot: every rank sends its encoded input to every peer and reduces all n; no
-//     second quantization. Bytes sent per rank: (n-1) * encoded(count).
+//     second quantization (but in deterministic modes, to give the bits of the others).
+//     Bytes sent per rank: (n-1) * encoded(count).
 //   twoshot: direct reduce-scatter of encoded contributions, then a direct all-gather of
 //     the encoded results. Bytes sent per rank: 2 (n-1)/n * encoded(count).
 //   ring: the same reduce-scatter (sending contributions to their owners in ring order),
@@ -116,6 +117,7 @@ void coded_reduce_scatter_chunk(const Context& cx, const Request& rq, const Segm
 void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) {
   const int n = cx.size, r = cx.rank;
   const ReduceSpec spec = cx.spec(rq);
+  const bool deterministic = rq.options.determinism != Determinism::Default;
   const size_t es = element_size(rq.dtype), chunk = coded_chunk(cx, spec);
   auto bytes = [&](size_t len) { return encoded_bytes(spec.codec, spec.block, len); };
   const auto* in = static_cast<const char*>(rq.input);
@@ -133,7 +135,13 @@ void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) 
         send_frame(cx, mod(r + k, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, mine.data(), bytes(len)); });
       for (int p = 0; p < n; ++p)
         terms[p] = p == r ? own : Term{begin_recv_frame(cx, p, bytes(len)), Form::Encoded};
-      cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms.data(), n, len);
+      if (deterministic) {  // the result quantized once more, as every other algorithm does
+        cx.ops->reduce_terms(spec, Stage::FinalEncoded, mine.data(), terms.data(), n, len);
+        const Term result{mine.data(), Form::Encoded};
+        cx.ops->reduce_terms(decoding(spec), Stage::Final, out + first * es, &result, 1, len);
+      } else {
+        cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms.data(), n, len);
+      }
       for (int p = 0; p < n; ++p)
         if (p != r) end_recv_frame(cx, p);
     }
@@ -152,13 +160,28 @@ void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) 
   }
 }
 
+// Deterministic modes quantize the result once more, like the all-reduce, so that a
+// shard equals the matching slice of the all-reduce where the shards start on a block of
+// the tensor (count a multiple of the block).
 void coded_reduce_scatter(const Context& cx, const Request& rq) {
   const ReduceSpec spec = cx.spec(rq);
-  const size_t es = element_size(rq.dtype);
-  const SegmentChunks chunks{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, coded_chunk(cx, spec)};
+  const bool deterministic = rq.options.determinism != Determinism::Default;
+  const size_t es = element_size(rq.dtype), chunk = coded_chunk(cx, spec);
+  const SegmentChunks chunks{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, chunk};
+  std::vector<char> mine(deterministic ? encoded_bytes(spec.codec, spec.block, chunk) : 0);
   auto* out = static_cast<char*>(rq.output);
-  for (size_t c = 0; c < chunks.count(); ++c)
-    coded_reduce_scatter_chunk(cx, rq, chunks, c, out + c * chunks.chunk * es, Stage::Final);
+  for (size_t c = 0; c < chunks.count(); ++c) {
+    char* piece = out + c * chunks.chunk * es;
+    if (!deterministic) {
+      coded_reduce_scatter_chunk(cx, rq, chunks, c, piece, Stage::Final);
+      continue;
+    }
+    coded_reduce_scatter_chunk(cx, rq, chunks, c, mine.data(), Stage::FinalEncoded);
+    size_t first, len;
+    chunks.piece(cx.rank, c, first, len);
+    const Term result{mine.data(), Form::Encoded};
+    cx.ops->reduce_terms(decoding(spec), Stage::Final, piece, &result, 1, len);
+  }
 }
 
 void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm) {

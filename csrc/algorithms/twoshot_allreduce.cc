@@ -14,14 +14,23 @@
 
 namespace pycomm {
 
-void twoshot_allreduce(const Context& cx, const Request& rq) {
+namespace {
+
+void reduce_scatter_then_gather(const Context& cx, const Request& rq, bool ring_gather) {
   const size_t es = element_size(rq.dtype);
   const SegmentChunks chunks{Segments{rq.count, static_cast<size_t>(cx.size)}, cx.chunk_bytes / es};
   char* own = static_cast<char*>(rq.output) + chunks.seg.begin(cx.rank) * es;
   for (size_t c = 0; c < chunks.count(); ++c) {
     direct_reduce_scatter_chunk(cx, rq, chunks, c, own, Stage::Final);
-    direct_all_gather_chunk(cx, chunks, c, rq.output, es);
+    if (ring_gather) ring_all_gather_chunk(cx, rq, chunks, c, rq.output);
+    else direct_all_gather_chunk(cx, chunks, c, rq.output, es);
   }
 }
+
+}  // namespace
+
+void twoshot_allreduce(const Context& cx, const Request& rq) { reduce_scatter_then_gather(cx, rq, false); }
+
+void ordered_ring_allreduce(const Context& cx, const Request& rq) { reduce_scatter_then_gather(cx, rq, true); }
 
 }  // namespace pycomm

@@ -96,6 +96,10 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   // processes) get distinct keys: every rank of instance i draws from [i*size+1, (i+1)*size].
   const int64_t ticket = store.add("pycomm/instances", 1);
   const std::string prefix = "pycomm/" + std::to_string((ticket - 1) / size);
+  uint64_t seed;
+  int max_us;
+  if (Perturbation::parse(config_.test_perturb, rank_, seed, max_us))
+    perturb_ = std::make_unique<Perturbation>(seed, rank_, max_us);
   connect(store, prefix);
 }
 
@@ -257,6 +261,7 @@ Context Communicator::context() const {
   cx.abort = [this](const std::string& reason) {
     for (auto& t : transports_) t->abort(reason);
   };
+  cx.perturb = perturb_.get();
   return cx;
 }
 
@@ -267,6 +272,7 @@ Selection Communicator::select(const Request& rq) const {
   in.dtype = rq.dtype;
   in.topology = &topology_;
   in.requested = rq.options.algorithm;
+  in.determinism = rq.options.determinism;
   in.chunk_bytes = chunk_bytes_;
   in.costs = costs_;
   return select_algorithm(in);
@@ -317,8 +323,6 @@ void Communicator::validate(Request& rq) const {
       rq.options.compression = Compression::None;
     if (!rq.options.compression_block) rq.options.compression_block = config_.compression_block;
   }
-  if (rq.options.determinism != Determinism::Default)
-    bad("deterministic modes are not available yet");
 }
 
 OpStamp Communicator::stamp_for(const Request& rq) {
@@ -329,6 +333,7 @@ OpStamp Communicator::stamp_for(const Request& rq) {
   s.collective = static_cast<uint8_t>(rq.collective);
   s.root = rq.root;
   s.compression = static_cast<uint8_t>(rq.options.compression);
+  s.determinism = static_cast<uint8_t>(rq.options.determinism);
   if (rq.options.compression != Compression::None)
     while ((size_t{1} << s.compression_block) < rq.options.compression_block) ++s.compression_block;
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
@@ -362,6 +367,7 @@ void Communicator::execute(const Request& rq) {
     log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + describe(cx.stamp));
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
   const bool coded = rq.options.compression != Compression::None;
+  const bool ordered = rq.options.determinism != Determinism::Default;
   try {
     switch (rq.collective) {
       case Collective::AllReduce:
@@ -372,13 +378,15 @@ void Communicator::execute(const Request& rq) {
             if (coded) coded_allreduce(cx, rq, chosen.algorithm);
             else if (chosen.algorithm == Algorithm::OneShot) oneshot_allreduce(cx, rq);
             else if (chosen.algorithm == Algorithm::TwoShot) twoshot_allreduce(cx, rq);
+            else if (ordered) ordered_ring_allreduce(cx, rq);
             else ring_allreduce(cx, rq);
             break;
         }
         break;
-      case Collective::ReduceScatter:  // compressed: contributions go straight to their owner
+      case Collective::ReduceScatter:  // compressed or ordered: contributions go straight to their owner
         if (coded) coded_reduce_scatter(cx, rq);
-        else (chosen.algorithm == Algorithm::OneShot ? direct_reduce_scatter : ring_reduce_scatter)(cx, rq);
+        else if (ordered || chosen.algorithm == Algorithm::OneShot) direct_reduce_scatter(cx, rq);
+        else ring_reduce_scatter(cx, rq);
         break;
       case Collective::AllGather:
         if (coded) coded_allgather(cx, rq, chosen.algorithm);

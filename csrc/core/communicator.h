@@ -70,6 +70,7 @@ class Communicator {
   size_t chunk_bytes_ = 0;
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
+  std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_
 };

@@ -22,6 +22,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30."},
+      {"PYCOMM_TEST_PERTURB", "", "Test hook: <seed>:<max_us>[:<rank>] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals."},
       {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO: a line per group and the algorithm of each all-reduce, reduce-scatter and all-gather; TRACE: a line per operation)."},
   };
   return table;
@@ -102,6 +103,7 @@ Config Config::from_env() {
   c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 2, 64));
   c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
   c.eager_bytes = static_cast<size_t>(int_knob("PYCOMM_EAGER_BYTES", 0, 1LL << 40));
+  c.test_perturb = knob_value("PYCOMM_TEST_PERTURB");
   const std::string d = knob_value("PYCOMM_DEBUG");
   if (d == "WARN") c.log_level = LogLevel::Warn;
   else if (d == "INFO") c.log_level = LogLevel::Info;

@@ -43,6 +43,7 @@ struct Config {
   size_t compression_block = 0;       // elements per scale of the scaled codecs             // asynchronous collectives this small run at once
   int spin_us = -1;                   // -1: spin only when local ranks <= cores
   LogLevel log_level = LogLevel::Warn;
+  std::string test_perturb;           // PYCOMM_TEST_PERTURB (tests only)
 
   // Reads every knob from the environment; a malformed value is an InvalidArgument error.
   static Config from_env();

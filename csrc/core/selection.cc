@@ -16,6 +16,11 @@
 namespace pycomm {
 namespace {
 
+// Deterministic modes reduce each element on one rank from all n contributions; the tree
+// and hierarchical all-reduces add partial sums whose grouping depends on the shape.
+constexpr const char* kPartialSumsTravel =
+    "it adds partial sums grouped by its shape; deterministic modes reduce each element from all contributions at once";
+
 double chunks(double bytes, size_t chunk_bytes) {
   return std::max(1.0, std::ceil(bytes / static_cast<double>(chunk_bytes)));
 }
@@ -35,7 +40,8 @@ double time_us(const Plan& p, const LinkCosts& c, bool multi_node) {
 
 }  // namespace
 
-bool serves(Algorithm a, Collective collective, const Topology& topology, std::string* why) {
+bool serves(Algorithm a, Collective collective, const Topology& topology, std::string* why,
+            Determinism determinism) {
   const auto no = [&](const std::string& reason) {
     if (why) *why = reason;
     return false;
@@ -48,9 +54,11 @@ bool serves(Algorithm a, Collective collective, const Topology& topology, std::s
     case Algorithm::Auto: case Algorithm::Ring: case Algorithm::OneShot: return true;
     case Algorithm::TwoShot: case Algorithm::Tree:
       if (collective != Collective::AllReduce) return no(std::string(name_of(a)) + " serves allreduce only");
+      if (a == Algorithm::Tree && determinism != Determinism::Default) return no(kPartialSumsTravel);
       return true;
     case Algorithm::Hierarchical:
       if (collective != Collective::AllReduce) return no("hierarchical serves allreduce only");
+      if (determinism != Determinism::Default) return no(kPartialSumsTravel);
       if (topology.node_count() < 2) return no("hierarchical needs more than one node");
       if (!topology.uniform()) return no("hierarchical needs the same number of ranks on every node");
       return true;
@@ -124,7 +132,7 @@ Selection select_algorithm(const SelectionInput& in) {
   Selection s;
   std::string why;
   if (in.requested != Algorithm::Auto) {
-    if (serves(in.requested, in.collective, *in.topology, &why)) {
+    if (serves(in.requested, in.collective, *in.topology, &why, in.determinism)) {
       s.algorithm = in.requested;
       return s;
     }
@@ -132,7 +140,7 @@ Selection select_algorithm(const SelectionInput& in) {
   }
   double best = INFINITY;
   for (Algorithm a : {Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {
-    if (!serves(a, in.collective, *in.topology, nullptr)) continue;
+    if (!serves(a, in.collective, *in.topology, nullptr, in.determinism)) continue;
     const double t = predicted_us(a, in);
     if (t < best) {
       best = t;

@@ -30,6 +30,7 @@ struct SelectionInput {
   DataType dtype = DataType::Float32;
   const Topology* topology = nullptr;
   Algorithm requested = Algorithm::Auto;
+  Determinism determinism = Determinism::Default;
   size_t chunk_bytes = 1 << 18;
   LinkCosts costs;
 };
@@ -39,8 +40,10 @@ struct Selection {
   std::string fallback;  // non-empty: why the requested algorithm was not used
 };
 
-// Whether `a` can serve `collective` on `topology`; if not, `why` says why.
-bool serves(Algorithm a, Collective collective, const Topology& topology, std::string* why);
+// Whether `a` can serve `collective` on `topology` in `determinism` mode; if not, `why`
+// says why.
+bool serves(Algorithm a, Collective collective, const Topology& topology, std::string* why,
+            Determinism determinism = Determinism::Default);
 
 // Predicted time of `a` for the input (only meaningful where serves() holds).
 double predicted_us(Algorithm a, const SelectionInput& in);

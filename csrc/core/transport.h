@@ -39,11 +39,12 @@ struct OpStamp {
   int32_t root = 0;       // root rank or p2p tag
   uint8_t compression = 0;       // Compression on the wire
   uint8_t compression_block = 0; // log2 of its block
-  uint8_t reserved[6] = {};
+  uint8_t determinism = 0;       // Determinism: ranks in different modes would fold differently
+  uint8_t reserved[5] = {};
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
            reduce == o.reduce && algorithm == o.algorithm && root == o.root && compression == o.compression &&
-           compression_block == o.compression_block;
+           compression_block == o.compression_block && determinism == o.determinism;
   }
 };
 static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");

@@ -25,6 +25,10 @@ struct ReduceSpec {
   // operands that start on a block boundary of the tensor.
   Compression codec = Compression::None;
   size_t block = 0;
+  // Exact mode (PYCOMM_DETERMINISTIC=exact): floating SUM, AVG and PREMUL_SUM add the
+  // terms of each element exactly, in fixed point (see cpu_ops.cc), so the result depends
+  // only on the multiset of terms, never on their order or count of zeros.
+  bool exact = false;
 };
 
 // Bool reductions are logical: SUM/MAX become MAX (or), PRODUCT/MIN become MIN (and).

@@ -111,8 +111,32 @@ static void test_single_rank() {
         why.c_str());
 }
 
+// Deterministic modes need every element reduced by one rank from all contributions:
+// tree and hierarchical (partial sums grouped by their shape) fall back, saying why.
+static void test_deterministic_modes() {
+  const Topology two = uniform(2, 2);
+  for (Determinism d : {Determinism::Ordered, Determinism::Exact}) {
+    for (Algorithm a : {Algorithm::Tree, Algorithm::Hierarchical}) {
+      SelectionInput in = input(two, 64 << 20, Collective::AllReduce, a);
+      in.determinism = d;
+      const Selection s = select_algorithm(in);
+      CHECK(s.algorithm != Algorithm::Tree && s.algorithm != Algorithm::Hierarchical &&
+                s.fallback.find("deterministic") != std::string::npos,
+            "%s in a deterministic mode: chose %s (%s)", name_of(a), name_of(s.algorithm), s.fallback.c_str());
+    }
+    for (size_t bytes : {size_t{64}, size_t{64} << 20}) {  // auto never picks them either
+      SelectionInput in = input(two, bytes);
+      in.determinism = d;
+      const Algorithm a = select_algorithm(in).algorithm;
+      CHECK(a != Algorithm::Tree && a != Algorithm::Hierarchical, "auto picked %s", name_of(a));
+    }
+  }
+  CHECK(serves(Algorithm::Ring, Collective::AllReduce, uniform(2, 2), nullptr, Determinism::Exact), "ring serves");
+}
+
 int main() {
   test_requested_algorithm_is_honoured_where_it_serves();
+  test_deterministic_modes();
   test_fallback_says_why();
   test_auto_choices();
   test_costs_drive_the_choice();
