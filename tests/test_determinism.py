@@ -141,6 +141,27 @@ def test_orders_timing_lengths_and_algorithms(ws):
     assert not problems, "\n".join(problems[:40])
 
 
+def test_a_late_rank_changes_no_bit():
+    """D1 with PYCOMM_TEST_PERTURB's chosen step: in each world one rank sleeps 10 ms before
+    the same frame of every collective (the first rank before its first frame, the last
+    rank before its second), so it is the last to arrive there; every mode and algorithm
+    gives the bits of a world without delays."""
+    env = {"PYCOMM_RANKS_PER_NODE": "2"}  # hierarchical runs for real, not through auto
+    kw = dict(ops=["SUM"], dtypes=[torch.float32])
+    worlds = {"no delay": _run(4, dict(env, PYCOMM_TEST_PERTURB="0:0"), **kw)}
+    for late, step in ((0, 0), (3, 1)):
+        spec = "0:10000:%d:%d" % (late, step)
+        worlds["rank %d late at step %d" % (late, step)] = _run(4, dict(env, PYCOMM_TEST_PERTURB=spec), **kw)
+    (_, (reference, problems)), others = next(iter(worlds.items())), list(worlds.items())[1:]
+    problems = _check_world(reference, problems)
+    for name, (results, world_problems) in others:
+        problems += ["%s: %s" % (name, p) for p in world_problems]
+        for key, by in results.items():
+            if by != reference[key]:
+                problems.append("%s: %s: %s, without delays %s" % (name, key, by, reference[key]))
+    assert not problems, "\n".join(problems[:40])
+
+
 def test_compressed_deterministic_modes_agree_across_algorithms():
     results, problems = _run(4, {"PYCOMM_RANKS_PER_NODE": "2"}, ops=["SUM"],
                              dtypes=[torch.float32, torch.bfloat16], codecs=(None, "fp8_e4m3", "fp16"))

@@ -92,7 +92,7 @@ struct Segments {
 // Frame helpers: one frame of `bytes` to/from a peer; `fill`/`use` work on the slot.
 template <class Fill>
 void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
-  if (cx.perturb) cx.perturb->before_send();
+  if (cx.perturb) cx.perturb->before_send(cx.stamp.seq);
   Channel& ch = cx.to(peer);
   void* slot = ch.begin_send(cx.deadline);
   fill(slot);

@@ -96,10 +96,9 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   // processes) get distinct keys: every rank of instance i draws from [i*size+1, (i+1)*size].
   const int64_t ticket = store.add("pycomm/instances", 1);
   const std::string prefix = "pycomm/" + std::to_string((ticket - 1) / size);
-  uint64_t seed;
-  int max_us;
-  if (Perturbation::parse(config_.test_perturb, rank_, seed, max_us))
-    perturb_ = std::make_unique<Perturbation>(seed, rank_, max_us);
+  Perturbation::Spec perturbation;
+  if (Perturbation::parse(config_.test_perturb, rank_, perturbation))
+    perturb_ = std::make_unique<Perturbation>(perturbation, rank_);
   connect(store, prefix);
 }
 

@@ -22,7 +22,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30."},
-      {"PYCOMM_TEST_PERTURB", "", "Test hook: <seed>:<max_us>[:<rank>] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals."},
+      {"PYCOMM_TEST_PERTURB", "", "Test hook: <seed>:<max_us>[:<rank>[:<step>]] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals; with <step>, exactly max_us before the step-th frame (from 0) of each collective only."},
       {"PYCOMM_DEBUG", "WARN", "Logging: WARN|INFO|TRACE (INFO: a line per group and the algorithm of each all-reduce, reduce-scatter and all-gather; TRACE: a line per operation)."},
   };
   return table;

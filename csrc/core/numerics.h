@@ -7,6 +7,7 @@
 // Integer SUM/PRODUCT wrap modulo 2^bits (computed in unsigned arithmetic, no UB).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -158,6 +159,83 @@ PYCOMM_HD A finalize(A v, int world_size) {
   return v;
 }
 
+
+// ---- Exact mode (PYCOMM_DETERMINISTIC=exact) ----
+//
+// The terms of one element are added in fixed point on the grid 2^(E - kFracBits), where
+// E is the element's own exponent: the smallest with |x| < 2^E for every finite term
+// (E >= -125, so subnormals share the grid of the smallest normals). Only the largest
+// magnitude decides E, so neither the order of the terms, nor which rank holds which, nor
+// extra zero terms change it. Each term is rounded to nearest even onto the grid, the
+// integers are added exactly, and the sum is rounded once to the accumulation format.
+//   float accumulation (float32, float16, bfloat16 data): kFracBits = 36; a term is at
+//     most 2^36 grid steps, so up to 2^16 of them add exactly in a double's 53 bits.
+//     A float term within a factor 2^12 of the largest is on the grid already.
+//   double accumulation: kFracBits = 110, added in 128-bit integers, exact likewise.
+// Error against the exact sum: at most k * 2^(E - kFracBits - 1) + half an ulp of the
+// result. Non-finite terms do not enter the sum (see exact_nonfinite).
+constexpr int kExactMaxTerms = 1 << 16;
+
+// |v|'s bits as a signed integer: orders magnitudes, and every non-finite value lies
+// above every finite one. A signed 32-bit max vectorizes (SSE2) where a float one does not.
+PYCOMM_HD int32_t magnitude_bits(float v) { return bit_cast_<int32_t>(v) & 0x7fffffff; }
+PYCOMM_HD int64_t magnitude_bits(double v) { return bit_cast_<int64_t>(v) & 0x7fffffffffffffffLL; }
+PYCOMM_HD bool nonfinite_magnitude(int32_t a) { return a >= 0x7f800000; }
+PYCOMM_HD bool nonfinite_magnitude(int64_t a) { return a >= 0x7ff0000000000000LL; }
+
+// 2^(kFracBits - E) and its inverse for the largest finite magnitude `amax` (its bits),
+// for float accumulation: both are exact powers of two within double's range.
+constexpr int kExactFracBits = 36;
+struct ExactGrid {
+  double up, down;
+};
+PYCOMM_HD ExactGrid exact_grid(int32_t amax) {
+  const int32_t biased = amax >> 23;
+  const int64_t e = (biased > 1 ? biased : 1) - 126;  // E: |x| < 2^E
+  return ExactGrid{bit_cast_<double>((1023 + kExactFracBits - e) << 52),
+                   bit_cast_<double>((1023 - kExactFracBits + e) << 52)};
+}
+// v (finite) rounded to the grid, in grid steps: an integer held exactly in a double.
+// v * up is exact (a power-of-two scaling), so a fused multiply-add changes nothing.
+PYCOMM_HD double exact_grid_steps(float v, double up) {
+  constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  return (static_cast<double>(v) * up + kRound) - kRound;
+}
+// The sum of grid steps back in float, rounded once (sum * down is exact).
+PYCOMM_HD float exact_grid_value(double steps, double down) { return static_cast<float>(steps * down); }
+
+// The same for double accumulation, per element, in 128-bit integers.
+constexpr int kExactFracBits64 = 110;
+PYCOMM_HD int exact_exponent64(int64_t amax) {
+  const int64_t biased = amax >> 52;
+  return static_cast<int>((biased > 1 ? biased : 1) - 1022);
+}
+PYCOMM_HD __int128 exact_grid_steps64(double v, int exponent) {
+  constexpr double kRound = 6755399441055744.0;
+  const double q = ldexp(v, kExactFracBits64 - exponent);  // |q| < 2^110, exact
+  // Doubles of magnitude >= 2^52 are integers already; smaller ones round as above.
+  return static_cast<__int128>(fabs(q) < 4503599627370496.0 ? (q + kRound) - kRound : q);
+}
+PYCOMM_HD double exact_grid_value64(__int128 steps, int exponent) {
+  return ldexp(static_cast<double>(steps), exponent - kExactFracBits64);
+}
+
+// The sum of terms of which one or more is not finite: NaN if a term is NaN or both
+// infinities occur, else the infinity that occurs. `seen`: bit 0 NaN, bit 1 +Inf, bit 2 -Inf.
+template <class A>
+PYCOMM_HD uint32_t nonfinite_kind(A v) {
+  return v != v ? 1u : v > 0 ? 2u : 4u;
+}
+// The NaN is the positive quiet NaN on every device.
+template <class A>
+PYCOMM_HD A exact_nonfinite(uint32_t seen) {
+  using Bits = std::conditional_t<sizeof(A) == 4, uint32_t, uint64_t>;
+  constexpr int kMant = sizeof(A) == 4 ? 23 : 52, kExp = sizeof(A) == 4 ? 8 : 11;
+  constexpr Bits kInf = (~Bits{0} >> (sizeof(A) * 8 - kExp)) << kMant;
+  constexpr Bits kSign = Bits{1} << (sizeof(A) * 8 - 1);
+  const bool nan = (seen & 1u) || (seen & 6u) == 6u;
+  return bit_cast_<A>(nan ? kInf | (Bits{1} << (kMant - 1)) : (seen & 2u) ? kInf : kSign | kInf);
+}
 
 // ---- Wire codecs (compression) ----
 //

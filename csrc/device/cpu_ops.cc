@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -56,82 +55,87 @@ void reduce_terms_loop(void* out, const Term* terms, int k, size_t n, AccOf<T> p
   }
 }
 
-// ---- Exact mode ----
+// ---- Exact mode (the arithmetic is in numerics.h) ----
 //
-// The terms of each element are added in fixed point at the element's own exponent E,
-// the smallest with |x| < 2^E for every finite term: the largest magnitude among the terms
-// decides it, so the order of the terms, which rank holds which, and extra zero terms
-// change nothing. Each term is rounded (to nearest even) to the grid 2^(E - kFracBits),
-// the integers are added exactly, and the sum is rounded once to the accumulation format.
-//   float32 and 16-bit data: kFracBits = 36; the integers (|q| <= 2^36) are added in
-//     double, exactly for up to 2^16 terms. A float32 term within a factor 2^13 of the
-//     element's largest is on the grid already; a smaller one moves by at most 2^(E-37).
-//   float64: kFracBits = 110, added in 128-bit integers, exact likewise.
-// Error against the exact sum: at most k * 2^(E-kFracBits-1) + half an ulp of the result,
-// i.e. k * 2^-36 of the largest term for float32, against k * 2^-24 of the largest partial
-// sum for a float32 fold. Non-finite terms do not enter the sum: the result is NaN if a
-// term is NaN or both infinities occur, else the infinity that occurs.
-constexpr int kMaxExactTerms = 1 << 16;
+// Elements are summed kExactBlock at a time from k >= 1 rows (one per term), in passes
+// that are branch-free loops over the block: the largest magnitude, the grid, the grid
+// steps of every term, the rounding back. Only a block holding a non-finite term takes a
+// last, scalar pass for those elements. `out` must not alias a row.
 constexpr size_t kExactBlock = 256;
 
-template <class A> struct Exact;
-template <> struct Exact<float> {
-  using Bits = int32_t;
-  static constexpr int kMant = 23, kExpMask = 0xff, kBias = 127, kFracBits = 36;
-};
-template <> struct Exact<double> {
-  using Bits = int64_t;
-  static constexpr int kMant = 52, kExpMask = 0x7ff, kBias = 1023, kFracBits = 110;
-};
+void check_exact_terms(int k) {
+  if (k > kExactMaxTerms) fail(ErrorKind::InvalidArgument, "pycomm: exact mode adds at most 65536 terms");
+}
 
-// out[i] = the exact-mode sum of values[j * stride + i] over j < k, for i < m <= kExactBlock.
-template <class A>
-void exact_sum(const A* values, int k, size_t stride, size_t m, A* out) {
-  using X = Exact<A>;
-  using B = typename X::Bits;
-  if (k > kMaxExactTerms) fail(ErrorKind::InvalidArgument, "pycomm: exact mode adds at most 65536 terms");
-  int32_t emax[kExactBlock];
-  uint8_t special[kExactBlock];  // 1: NaN, 2: +Inf, 4: -Inf
-  for (size_t i = 0; i < m; ++i) emax[i] = 1, special[i] = 0;
-  for (int j = 0; j < k; ++j)
-    for (size_t i = 0; i < m; ++i) {
-      const B bits = bit_cast_<B>(values[j * stride + i]);
-      const int32_t e = static_cast<int32_t>((bits >> X::kMant) & X::kExpMask);
-      const bool nonfinite = e == X::kExpMask;
-      const bool nan = nonfinite && (bits & ((B{1} << X::kMant) - 1)) != 0;
-      special[i] |= static_cast<uint8_t>(!nonfinite ? 0 : nan ? 1 : bits < 0 ? 4 : 2);
-      emax[i] = !nonfinite && e > emax[i] ? e : emax[i];
-    }
-  if constexpr (std::is_same_v<A, float>) {
-    constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: x + kRound - kRound rounds x to an integer
-    double up[kExactBlock], sum[kExactBlock];
-    for (size_t i = 0; i < m; ++i) {  // 2^(kFracBits - E) with E = emax - bias + 1
-      up[i] = bit_cast_<double>(static_cast<int64_t>(1023 + X::kFracBits - (emax[i] - X::kBias + 1)) << 52);
-      sum[i] = 0.0;
-    }
-    for (int j = 0; j < k; ++j)
-      for (size_t i = 0; i < m; ++i) {
-        const float v = values[j * stride + i];
-        const double x = v - v == 0.0f ? static_cast<double>(v) : 0.0;  // finite terms only
-        sum[i] += (x * up[i] + kRound) - kRound;
-      }
-    for (size_t i = 0; i < m; ++i) out[i] = static_cast<float>(sum[i] / up[i]);
-  } else {
-    for (size_t i = 0; i < m; ++i) {
-      const int exponent = emax[i] - X::kBias + 1;
-      __int128 sum = 0;
-      for (int j = 0; j < k; ++j) {
-        const double v = values[j * stride + i];
-        if (v - v == 0.0) sum += static_cast<__int128>(std::nearbyint(std::ldexp(v, X::kFracBits - exponent)));
-      }
-      out[i] = std::ldexp(static_cast<double>(sum), exponent - X::kFracBits);
-    }
+// amax[i] = the largest magnitude_bits of element i over the rows; returns their maximum.
+// (Rows never alias amax: __restrict lets each loop vectorize without a runtime check;
+// always inlined, so that the wide clones below vectorize it too.)
+template <class A, class M>
+__attribute__((always_inline)) inline M largest_magnitudes(const A* const* rows, int k, size_t m, M* __restrict amax) {
+  const A* __restrict first = rows[0];
+  for (size_t i = 0; i < m; ++i) amax[i] = magnitude_bits(first[i]);
+  for (int j = 1; j < k; ++j) {
+    const A* __restrict row = rows[j];
+    for (size_t i = 0; i < m; ++i) amax[i] = std::max(amax[i], magnitude_bits(row[i]));
   }
-  for (size_t i = 0; i < m; ++i)
-    if (special[i])
-      out[i] = (special[i] & 1) || (special[i] & 6) == 6 ? std::numeric_limits<A>::quiet_NaN()
-               : special[i] & 2                          ? std::numeric_limits<A>::infinity()
-                                                         : -std::numeric_limits<A>::infinity();
+  M largest = 0;
+  for (size_t i = 0; i < m; ++i) largest = std::max(largest, amax[i]);
+  return largest;
+}
+
+template <class A, class M>
+void exact_nonfinite_pass(const A* const* rows, int k, size_t m, const M* amax, A* out) {
+  for (size_t i = 0; i < m; ++i) {
+    if (!nonfinite_magnitude(amax[i])) continue;
+    uint32_t seen = 0;
+    for (int j = 0; j < k; ++j)
+      if (!std::isfinite(rows[j][i])) seen |= nonfinite_kind(rows[j][i]);
+    out[i] = exact_nonfinite<A>(seen);
+  }
+}
+
+// The float exact sum is bound by double arithmetic, 2 lanes wide on baseline x86-64: it
+// is also compiled for wider vectors, chosen when the program loads by what the CPU has.
+// Every clone computes the same bits: each operation is correctly rounded, and the one
+// product (a power-of-two scaling) is exact, so fused multiply-adds change nothing.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PYCOMM_WIDE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PYCOMM_WIDE_VECTOR_CLONES
+#endif
+
+PYCOMM_WIDE_VECTOR_CLONES
+void exact_sum(const float* const* rows, int k, size_t m, float* out) {
+  int32_t amax[kExactBlock];
+  double up[kExactBlock], sum[kExactBlock];
+  const int32_t largest = largest_magnitudes(rows, k, m, amax);
+  for (size_t i = 0; i < m; ++i) up[i] = exact_grid(amax[i]).up, sum[i] = 0.0;
+  // Grid steps are integers below 2^53 in every partial sum: any grouping adds them
+  // exactly, so rows go two at a time (half the traffic on `sum`).
+  int j = 0;
+  for (; j + 1 < k; j += 2) {
+    const float *__restrict a = rows[j], *__restrict b = rows[j + 1];
+    for (size_t i = 0; i < m; ++i) sum[i] += exact_grid_steps(a[i], up[i]) + exact_grid_steps(b[i], up[i]);
+  }
+  if (j < k) {
+    const float* __restrict a = rows[j];
+    for (size_t i = 0; i < m; ++i) sum[i] += exact_grid_steps(a[i], up[i]);
+  }
+  for (size_t i = 0; i < m; ++i) out[i] = exact_grid_value(sum[i], exact_grid(amax[i]).down);
+  if (nonfinite_magnitude(largest)) exact_nonfinite_pass(rows, k, m, amax, out);
+}
+
+void exact_sum(const double* const* rows, int k, size_t m, double* out) {
+  int64_t amax[kExactBlock];
+  const int64_t largest = largest_magnitudes(rows, k, m, amax);
+  for (size_t i = 0; i < m; ++i) {
+    const int exponent = exact_exponent64(amax[i]);
+    __int128 sum = 0;
+    for (int j = 0; j < k; ++j)
+      if (std::isfinite(rows[j][i])) sum += exact_grid_steps64(rows[j][i], exponent);
+    out[i] = exact_grid_value64(sum, exponent);
+  }
+  if (nonfinite_magnitude(largest)) exact_nonfinite_pass(rows, k, m, amax, out);
 }
 
 // Exact mode only changes sums: MIN and MAX do not depend on the order, PRODUCT is left
@@ -139,25 +143,30 @@ void exact_sum(const A* values, int k, size_t stride, size_t m, A* out) {
 template <ReduceKind K>
 constexpr bool kSumLike = K == ReduceKind::Sum || K == ReduceKind::Avg || K == ReduceKind::PremulSum;
 
-// reduce_terms_loop's contract, in exact mode, for floating types.
+// reduce_terms_loop's contract, in exact mode, for floating types. A term already holding
+// its values in the accumulation format is read in place; others are converted to a row.
 template <class T, ReduceKind K, bool kFinal>
 void reduce_terms_exact(void* out, const Term* terms, int k, size_t n, AccOf<T> premul, int world_size) {
   using A = AccOf<T>;
   using N = Numeric<T>;
-  std::vector<A> values(static_cast<size_t>(k) * kExactBlock);
+  check_exact_terms(k);
+  constexpr bool kInputInPlace = std::is_same_v<T, A> && K != ReduceKind::PremulSum;
+  std::vector<A> scratch(static_cast<size_t>(k) * kExactBlock);
+  std::vector<const A*> rows(k);
   A acc[kExactBlock];
   for (size_t base = 0; base < n; base += kExactBlock) {
     const size_t m = std::min(kExactBlock, n - base);
     for (int j = 0; j < k; ++j) {
-      A* dst = values.data() + j * kExactBlock;
-      if (terms[j].form == Form::Input) {
-        const T* x = static_cast<const T*>(terms[j].data) + base;
-        for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
+      if (terms[j].form == Form::Partial || kInputInPlace) {
+        rows[j] = static_cast<const A*>(terms[j].data) + base;
       } else {
-        std::memcpy(dst, static_cast<const A*>(terms[j].data) + base, m * sizeof(A));
+        const T* x = static_cast<const T*>(terms[j].data) + base;
+        A* row = scratch.data() + j * kExactBlock;
+        for (size_t i = 0; i < m; ++i) row[i] = contribution<K>(N::load(x[i]), premul);
+        rows[j] = row;
       }
     }
-    exact_sum(values.data(), k, kExactBlock, m, acc);
+    exact_sum(rows.data(), k, m, acc);
     if constexpr (kFinal) {
       T* o = static_cast<T*>(out) + base;
       for (size_t i = 0; i < m; ++i) o[i] = N::store(finalize<K>(acc[i], world_size));
@@ -182,12 +191,10 @@ void fold(const ReduceSpec& spec, void* out, const Term* terms, int k, size_t n,
 // finds its largest magnitude as it goes.
 constexpr size_t kMaxCodecBlock = 4096;
 
-// The largest finite magnitude is tracked on the bits: non-negative floats order as
-// their bits do, and a signed 32-bit max vectorizes (SSE2) where a float one (NaN rules)
-// does not.
+// The largest finite magnitude is tracked on the bits (see magnitude_bits).
 inline int32_t finite_magnitude(float f) {
-  const int32_t a = bit_cast_<int32_t>(f) & 0x7fffffff;
-  return a < 0x7f800000 ? a : 0;
+  const int32_t a = magnitude_bits(f);
+  return nonfinite_magnitude(a) ? 0 : a;
 }
 
 template <class Code>
@@ -244,7 +251,9 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   // Exact mode: every term's values of a block first (quantized or decoded), then their
   // exact sum, in sub-blocks of kExactBlock.
   const bool exact = kSumLike<K> && spec.exact;
+  if (exact) check_exact_terms(k);
   std::vector<float> values(exact ? static_cast<size_t>(k) * block : 0);
+  std::vector<const float*> rows(exact ? k : 0);
   float acc[kMaxCodecBlock], v[kMaxCodecBlock];
   auto load_input = [&](int j, size_t base, size_t m, float* dst) {
     const T* x = static_cast<const T*>(terms[j].data) + base;
@@ -266,8 +275,10 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         else if (t.form == Form::Partial) std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float));
         else BC::decode(static_cast<const char*>(t.data) + b * stride, dst, m);
       }
-      for (size_t s = 0; s < m; s += kExactBlock)
-        exact_sum(values.data() + s, k, block, std::min(kExactBlock, m - s), acc + s);
+      for (size_t s = 0; s < m; s += kExactBlock) {
+        for (int j = 0; j < k; ++j) rows[j] = values.data() + j * block + s;
+        exact_sum(rows.data(), k, std::min(kExactBlock, m - s), acc + s);
+      }
     }
     for (int j = 0; j < k && !exact; ++j) {
       switch (terms[j].form) {

@@ -4,12 +4,14 @@
 // Built and run by `make test` (target core-test).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
 
 #include "core/communicator.h"
 #include "core/numerics.h"
+#include "core/perturbation.h"
 #include "device/device_ops.h"
 #include "check.h"
 #include "memory_store.h"
@@ -178,10 +180,68 @@ static void test_mismatch_is_reported() {
   });
 }
 
+// Exact mode: the result depends on the multiset of terms only (not their order, not
+// extra zeros); non-finite terms give positive quiet NaN or the infinity, per element.
+static void test_exact_sums() {
+  const float inf = INFINITY, nan = NAN;
+  // Per element, terms that a float fold gets wrong in some order.
+  const std::vector<std::vector<float>> terms = {
+      {1e30f, 1.0f, -1e30f, 3.0f, 0.5f, -0.25f},    // 1 and 3 lie 2^97 below the grid: 0
+      {1.0f, 1e-8f, 1e-8f, 1e-8f, 1e-8f, -1.0f},  // within 2^36 of the largest: kept
+      {3.0f, inf, -2.0f, 1.0f, 0.0f, 0.0f},       // +Inf
+      {inf, -inf, 1.0f, 0.0f, 0.0f, 0.0f},        // NaN
+      {nan, 1.0f, -inf, 0.0f, 0.0f, 0.0f},        // NaN
+      {1e-45f, 1e-45f, -1e-45f, 1e-45f, 0.0f, 0.0f},  // subnormals (2^-149 each) add exactly
+  };
+  const float tiny = std::ldexp(1.0f, -149);  // the smallest subnormal
+  const float expected[] = {0.0f, 4e-8f, inf, nan, nan, 2 * tiny};
+  // The stated bound, k * 2^(E - 37) with E = 1 for element 1; the others are exact.
+  const float tolerance[] = {0.0f, 6 * std::ldexp(1.0f, -36), 0.0f, 0.0f, 0.0f, 0.0f};
+  const size_t n = terms.size();
+  auto sum = [&](const std::vector<int>& order, int zeros) {
+    std::vector<std::vector<float>> rows(order.size() + zeros, std::vector<float>(n, 0.0f));
+    for (size_t j = 0; j < order.size(); ++j)
+      for (size_t i = 0; i < n; ++i) rows[j][i] = terms[i][order[j]];
+    std::vector<Term> t;
+    for (auto& r : rows) t.push_back({r.data(), Form::Input});
+    std::vector<float> out(n);
+    const ReduceSpec spec{DataType::Float32, Reduction{}, static_cast<int>(t.size()), Compression::None, 0, true};
+    cpu_ops().reduce_terms(spec, Stage::Final, out.data(), t.data(), static_cast<int>(t.size()), n);
+    return out;
+  };
+  const std::vector<float> reference = sum({0, 1, 2, 3, 4, 5}, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t got = bit_cast_<uint32_t>(reference[i]);
+    const bool ok = std::isnan(expected[i]) ? got == 0x7fc00000u
+                                            : std::isinf(expected[i]) ? reference[i] == expected[i]
+                                                                      : std::fabs(reference[i] - expected[i]) <= tolerance[i];
+    CHECK(ok, "exact sum of element %zu: %g (0x%08x), expected %g", i, reference[i], got, expected[i]);
+  }
+  for (auto order : {std::vector<int>{5, 4, 3, 2, 1, 0}, std::vector<int>{2, 0, 5, 1, 3, 4}})
+    for (int zeros : {0, 3})
+      CHECK(std::memcmp(sum(order, zeros).data(), reference.data(), n * sizeof(float)) == 0,
+            "exact sum changes with the order or %d zero terms", zeros);
+}
+
+static void test_perturbation_spec() {
+  Perturbation::Spec spec;
+  CHECK(!Perturbation::parse("", 0, spec), "empty spec perturbs");
+  CHECK(Perturbation::parse("7:40", 3, spec) && spec.seed == 7 && spec.max_us == 40 && spec.step < 0, "7:40");
+  CHECK(!Perturbation::parse("7:40:2", 3, spec), "a spec for rank 2 perturbs rank 3");
+  CHECK(Perturbation::parse("0:5000:3:1", 3, spec) && spec.max_us == 5000 && spec.step == 1, "0:5000:3:1");
+  for (const char* bad : {"7", "x:1", "7:", "7:-1", "7:2000000", "7:40:", "7:40:1:", "7:40:1:2:3", "7:40:a"}) {
+    bool raised = false;
+    try { Perturbation::parse(bad, 0, spec); } catch (const Error& e) { raised = e.kind() == ErrorKind::InvalidArgument; }
+    CHECK(raised, "PYCOMM_TEST_PERTURB='%s' accepted", bad);
+  }
+}
+
 int main() {
   test_half_and_bf16();
   test_operators();
   test_kernel();
+  test_exact_sums();
+  test_perturbation_spec();
   for (auto t : {TransportChoice::Shm, TransportChoice::Tcp})
     for (int n = 1; n <= 4; ++n) test_collectives(n, t);
   test_mismatch_is_reported();
