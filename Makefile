@@ -22,9 +22,12 @@ ALGOS ?= auto ring tree oneshot twoshot
 comma := ,
 space := $(subst ,, )
 ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space),$(comma),$(foreach a,$(ALGOS),$(a)=pycomm:algorithm=$(a)))
+# bench-determinism: the cost of each determinism mode against the default, in blocking
+# mode (each call's latency), the three modes interleaved per repeat.
+DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends default=pycomm,det1=pycomm:deterministic=1,exact=pycomm:deterministic=exact
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench bench-mpi bench-algos openmpi cuda-check core-test clean
+.PHONY: all build test bench bench-mpi bench-algos bench-determinism openmpi cuda-check core-test clean
 
 all: build
 
@@ -105,6 +108,14 @@ bench-algos: build $(BENCH_DEPS_STAMP)
 	  out=$(RESULTS)/cpu-allreduce-algos-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(ALGOS_BENCH_ARGS) --json $$out.json) || exit 1; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench.plot $$out.json -o $$out.png) || exit 1; \
+	done
+
+# pycomm's determinism modes against its default, 2 and 4 ranks:
+# $(RESULTS)/cpu-allreduce-determinism-np<N>.{txt,json}.
+bench-determinism: build
+	@mkdir -p $(RESULTS); for np in 2 4; do \
+	  out=$(RESULTS)/cpu-allreduce-determinism-np$$np; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(DETERMINISM_BENCH_ARGS) --json $$out.json) || exit 1; \
 	done
 
 clean:

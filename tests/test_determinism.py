@@ -11,7 +11,7 @@ Each rank returns hashes of its results; the parent compares them:
   hold the mode fall back), compressed or not.
 * D4 (exact): the same bits whatever the grouping into nodes and the transport.
 * D5 (exact): x0..x3 on 4 ranks = x0..x3 plus four zero contributions on 8 ranks = any
-  permutation of which rank holds which contribution.
+  permutation of which rank holds which contribution. D4 and D5 also with compression.
 * Reduce-scatter then all-gather = all-reduce, and each shard = its slice of the
   all-reduce, in both deterministic modes.
 * Accuracy against fp64: deterministic modes at least as accurate as the default; exact
@@ -58,14 +58,14 @@ def _contribution(index, n, dtype, op):
     return x[:n].to(dtype)
 
 
-def hash_world(rank, ws, holds, algorithms, ops, dtypes, codecs):
+def hash_world(rank, ws, holds, modes, algorithms, ops, dtypes, codecs):
     """holds[r]: the contribution index rank r holds (None: zeros). Returns
     {case: hash} from rank 0 after checking D0/D1 here."""
     import pycomm
 
     side = dist.new_group(backend="gloo", timeout=group_timeout())
     out, problems = {}, []
-    for mode, dtype, op, codec in itertools.product([False] + MODES, dtypes, ops, codecs):
+    for mode, dtype, op, codec in itertools.product(modes, dtypes, ops, codecs):
         if codec and (dtype not in (torch.float32, torch.float16, torch.bfloat16) or op != "SUM"):
             continue
         for algo in algorithms:
@@ -115,10 +115,11 @@ def _check_world(results, problems):
     return problems
 
 
-def _run(ws, env, holds=None, algorithms=ALGORITHMS, ops=OPS, dtypes=FLOATS, codecs=(None,), timeout=300):
+def _run(ws, env, holds=None, modes=[False] + MODES, algorithms=ALGORITHMS, ops=OPS, dtypes=FLOATS, codecs=(None,),
+         timeout=300):
     holds = holds or list(range(ws))
     env = dict(env, PYCOMM_TEST_PERTURB=env.get("PYCOMM_TEST_PERTURB", "7:%d" % PERTURB_US))
-    reports = run_world(hash_world, ws, args=(holds, algorithms, ops, dtypes, codecs), env=env, timeout=timeout)
+    reports = run_world(hash_world, ws, args=(holds, modes, algorithms, ops, dtypes, codecs), env=env, timeout=timeout)
     results, problems = reports[0]
     for _, p in reports[1:]:
         problems += p
@@ -170,9 +171,10 @@ def test_compressed_deterministic_modes_agree_across_algorithms():
 
 
 def test_exact_across_topology_transports_chunks_and_world_sizes():
-    """D4 and D5: one set of contributions x0..x3, every way of running it."""
-    kw = dict(algorithms=["ring", "twoshot", "hierarchical"], ops=["SUM", "PREMUL_SUM"],
-              dtypes=[torch.float32, torch.float64, torch.bfloat16])
+    """D4 and D5: one set of contributions x0..x3, every way of running it, with and without
+    compression (a contribution's quantization depends on itself alone)."""
+    kw = dict(modes=["exact"], algorithms=["ring", "twoshot", "hierarchical"], ops=["SUM", "PREMUL_SUM"],
+              dtypes=[torch.float32, torch.float64, torch.bfloat16], codecs=(None, "fp8_e4m3"))
     runs = {
         "4 ranks, one node, shm": _run(4, {}, **kw),
         "4 ranks, 2 nodes x 2": _run(4, {"PYCOMM_RANKS_PER_NODE": "2"}, **kw),
