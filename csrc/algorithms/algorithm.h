@@ -15,6 +15,7 @@
 #include "core/topology.h"
 #include "core/transport.h"
 #include "core/types.h"
+#include "core/workspace.h"
 #include "device/device_ops.h"
 
 namespace pycomm {
@@ -55,6 +56,7 @@ struct Context {
   // algorithm whose helper thread must not outlive a failure of the calling thread.
   std::function<void(const std::string&)> abort;
   const Perturbation* perturb = nullptr;  // test hook (PYCOMM_TEST_PERTURB); null: none
+  Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }

@@ -124,7 +124,7 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
   const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
   const SegmentChunks shards{Segments{rq.count, node.size()}, cx.chunk_bytes / es};
   const size_t shard_len = shards.seg.length(local);
-  std::vector<char> partial(shard_len * ws);
+  char* const partial = cx.workspace->get(shard_len * ws);  // fp32 partials of my shard
   // Slice s covers chunks [s * per_slice, (s + 1) * per_slice); every rank cuts alike.
   const size_t chunks = shards.count();
   const size_t per_slice = std::max(kMinSliceChunks, ceil_div(chunks, kMaxSlices));
@@ -144,7 +144,7 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
     size_t first, len;
     elements_of(s, first, len);
     Request part = across;
-    part.input = part.output = partial.data() + first * ws;
+    part.input = part.output = partial + first * ws;
     part.count = len;
     if (part.options.compression != Compression::None) coded_allreduce(inter, part, Algorithm::Ring);
     else ring_allreduce(inter, part);
@@ -152,12 +152,12 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
   char* out = static_cast<char*>(rq.output);
   auto scatter = [&](size_t s) {  // 1
     for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
-      direct_reduce_scatter_chunk(intra, within, shards, c, partial.data(), Stage::Partial);
+      direct_reduce_scatter_chunk(intra, within, shards, c, partial, Stage::Partial);
   };
   auto finish = [&](size_t s) {  // 3, 4
     size_t first, len;
     elements_of(s, first, len);
-    const Term shard{partial.data() + first * ws, Form::Partial};
+    const Term shard{partial + first * ws, Form::Partial};
     cx.ops->reduce_terms(cx.spec(rq), Stage::Final, out + (shards.seg.begin(local) + first) * es, &shard, 1, len);
     for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
       direct_all_gather_chunk(intra, shards, c, out, es);

@@ -261,6 +261,7 @@ Context Communicator::context() const {
     for (auto& t : transports_) t->abort(reason);
   };
   cx.perturb = perturb_.get();
+  cx.workspace = &workspace_;
   return cx;
 }
 

@@ -71,6 +71,7 @@ class Communicator {
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
+  mutable Workspace workspace_;                  // operations run one at a time
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_
 };
