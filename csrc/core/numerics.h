@@ -175,6 +175,9 @@ PYCOMM_HD A finalize(A v, int world_size) {
 // Error against the exact sum: at most k * 2^(E - kFracBits - 1) + half an ulp of the
 // result. Non-finite terms do not enter the sum (see exact_nonfinite).
 constexpr int kExactMaxTerms = 1 << 16;
+// 1.5 * 2^52: adding it to a double of magnitude below 2^51 rounds it to an integer
+// (to nearest even), subtracting it again is exact.
+constexpr double kRoundToInteger = 6755399441055744.0;
 
 // |v|'s bits as a signed integer: orders magnitudes, and every non-finite value lies
 // above every finite one. A signed 32-bit max vectorizes (SSE2) where a float one does not.
@@ -198,8 +201,7 @@ PYCOMM_HD ExactGrid exact_grid(int32_t amax) {
 // v (finite) rounded to the grid, in grid steps: an integer held exactly in a double.
 // v * up is exact (a power-of-two scaling), so a fused multiply-add changes nothing.
 PYCOMM_HD double exact_grid_steps(float v, double up) {
-  constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  return (static_cast<double>(v) * up + kRound) - kRound;
+  return (static_cast<double>(v) * up + kRoundToInteger) - kRoundToInteger;
 }
 // The sum of grid steps back in float, rounded once (sum * down is exact).
 PYCOMM_HD float exact_grid_value(double steps, double down) { return static_cast<float>(steps * down); }
@@ -211,10 +213,9 @@ PYCOMM_HD int exact_exponent64(int64_t amax) {
   return static_cast<int>((biased > 1 ? biased : 1) - 1022);
 }
 PYCOMM_HD __int128 exact_grid_steps64(double v, int exponent) {
-  constexpr double kRound = 6755399441055744.0;
   const double q = ldexp(v, kExactFracBits64 - exponent);  // |q| < 2^110, exact
   // Doubles of magnitude >= 2^52 are integers already; smaller ones round as above.
-  return static_cast<__int128>(fabs(q) < 4503599627370496.0 ? (q + kRound) - kRound : q);
+  return static_cast<__int128>(fabs(q) < 4503599627370496.0 ? (q + kRoundToInteger) - kRoundToInteger : q);
 }
 PYCOMM_HD double exact_grid_value64(__int128 steps, int exponent) {
   return ldexp(static_cast<double>(steps), exponent - kExactFracBits64);

@@ -151,7 +151,7 @@ void reduce_terms_exact(void* out, const Term* terms, int k, size_t n, AccOf<T> 
   using N = Numeric<T>;
   check_exact_terms(k);
   constexpr bool kInputInPlace = std::is_same_v<T, A> && K != ReduceKind::PremulSum;
-  std::vector<A> scratch(static_cast<size_t>(k) * kExactBlock);
+  std::vector<A> scratch(kInputInPlace ? 0 : static_cast<size_t>(k) * kExactBlock);  // converted rows
   std::vector<const A*> rows(k);
   A acc[kExactBlock];
   for (size_t base = 0; base < n; base += kExactBlock) {
