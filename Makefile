@@ -27,7 +27,7 @@ ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space)
 DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends default=pycomm,det1=pycomm:deterministic=1,exact=pycomm:deterministic=exact
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench bench-mpi bench-algos bench-determinism openmpi cuda-check core-test clean
+.PHONY: all build test bench bench-mpi bench-algos bench-determinism bench-gpu openmpi cuda-check core-test clean
 
 all: build
 
@@ -47,10 +47,13 @@ $(EXT_STAMP): $(DEPS_STAMP) $(SOURCES)
 
 build: $(EXT_STAMP)
 
-# Compiles every CUDA source as a check when nvcc exists (no GPU needed).
+# Compiles every CUDA source as a check when nvcc exists (no GPU needed), for each
+# compute capability of PYCOMM_CUDA_ARCH, with the flags setup.py uses.
+PYCOMM_CUDA_ARCH ?= 90
+CUDA_GENCODE := $(foreach a,$(subst ;, ,$(PYCOMM_CUDA_ARCH)),-gencode=arch=compute_$(a),code=sm_$(a))
 cuda-check:
 ifneq ($(and $(NVCC),$(CU_SOURCES)),)
-	@for f in $(CU_SOURCES); do echo "nvcc -c $$f"; $(NVCC) -std=c++17 -Icsrc -arch=sm_90 -c $$f -o /dev/null || exit 1; done
+	@for f in $(CU_SOURCES); do echo "nvcc -c $$f"; $(NVCC) -std=c++17 -O3 -fmad=false -Icsrc $(CUDA_GENCODE) -c $$f -o /dev/null || exit 1; done
 else
 	@echo "cuda-check: skipped ($(if $(NVCC),no CUDA sources yet,nvcc not found))"
 endif
@@ -109,6 +112,10 @@ bench-algos: build $(BENCH_DEPS_STAMP)
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(ALGOS_BENCH_ARGS) --json $$out.json) || exit 1; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench.plot $$out.json -o $$out.png) || exit 1; \
 	done
+
+# bench-gpu: the kernels and one-GPU all-reduce (bench/gpu.py); a CUDA build on a GPU machine.
+bench-gpu: build
+	$(PY) bench/gpu.py --out bench/out
 
 # pycomm's determinism modes against its default, 2 and 4 ranks:
 # $(RESULTS)/cpu-allreduce-determinism-np<N>.{txt,json}.

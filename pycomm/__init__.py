@@ -1,8 +1,8 @@
 """pycomm: collective communication for PyTorch.
 
-``import pycomm`` registers the torch.distributed backend ``"pycomm"`` for CPU tensors, so
-``dist.init_process_group("pycomm")`` is all a program changes. The direct API below runs
-the same collectives with per-call options.
+``import pycomm`` registers the torch.distributed backend ``"pycomm"`` for CPU tensors (and
+CUDA tensors in a CUDA build), so ``dist.init_process_group("pycomm")`` is all a program
+changes. The direct API below runs the same collectives with per-call options.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def _create_backend(dist_opts, backend_opts):
 
 
 if BACKEND_NAME not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
+                                  devices=["cpu", "cuda"] if _C.has_cuda else ["cpu"])
 
 
 def knobs():

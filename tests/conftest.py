@@ -32,6 +32,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "slow: soak test; runs a short version unless PYCOMM_SOAK=1 is set")
+    config.addinivalue_line(
+        "markers",
+        "cuda: needs a CUDA GPU and a CUDA build of pycomm; skipped without them")
 
 
 def pytest_report_header(config):

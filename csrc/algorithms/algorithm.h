@@ -28,6 +28,7 @@ struct Request {
   CallOptions options;
   const void* input = nullptr;
   void* output = nullptr;  // may equal input where the collective is in place
+  int device = -1;         // input and output are in this CUDA device's memory; -1: host
   // AllReduce, Broadcast, Reduce, Send, Recv: elements of the buffer.
   // ReduceScatter, AllGather, Gather, Scatter: elements per rank.
   size_t count = 0;

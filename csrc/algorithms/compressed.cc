@@ -11,8 +11,8 @@
 //
 // Fusion: a peer's frame is decoded, accumulated and (for the result) encoded block by
 // block straight out of its slot, in one pass (DeviceOps::reduce_terms); the only extra
-// buffers are one encoded chunk (this rank's reduced piece) and, for the ring, the
-// encoded chunk being forwarded.
+// buffers are one encoded chunk (this rank's reduced piece, Scratch::Own) and, for the
+// ring, the encoded chunk being forwarded (Scratch::Held), in the workspace.
 //
 // Layout: all-reduce segments and chunks are whole codec blocks, so blocks start at
 // multiples of the block size in the tensor on every path (the quantization of a
@@ -53,7 +53,7 @@ ReduceSpec decoding(ReduceSpec spec) {
 // r, encoded; every peer's piece is decoded into `out` (element type of `spec`). Direct
 // sends every piece to every peer; the ring forwards each piece along r -> r+1.
 void coded_gather_chunk(const Context& cx, const ReduceSpec& spec, const SegmentChunks& chunks, size_t c,
-                        const std::vector<char>& mine, std::vector<char>& held, char* out, bool ring) {
+                        const char* mine, char* held, char* out, bool ring) {
   const int n = cx.size, r = cx.rank;
   const size_t es = element_size(spec.dtype);
   const ReduceSpec plain = decoding(spec);
@@ -65,7 +65,7 @@ void coded_gather_chunk(const Context& cx, const ReduceSpec& spec, const Segment
     recv_frame(cx, from, bytes(len), [&](const void* data) {
       const Term t{data, Form::Encoded};
       cx.ops->reduce_terms(plain, Stage::Final, out + first * es, &t, 1, len);
-      if (keep) cx.ops->copy(held.data(), data, bytes(len));
+      if (keep) cx.ops->copy(held, data, bytes(len));
     });
   };
   size_t first, len;
@@ -73,14 +73,14 @@ void coded_gather_chunk(const Context& cx, const ReduceSpec& spec, const Segment
     chunks.piece(r, c, first, len);
     if (len)
       for (int k = 1; k < n; ++k)
-        send_frame(cx, mod(r + k, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, mine.data(), bytes(len)); });
+        send_frame(cx, mod(r + k, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, mine, bytes(len)); });
     for (int k = 1; k < n; ++k) take(mod(r - k, n), mod(r - k, n), false);
     return;
   }
   for (int k = 0; k < n - 1; ++k) {  // step k: pass on segment r-k, receive segment r-k-1
     chunks.piece(mod(r - k, n), c, first, len);
-    const std::vector<char>& piece = k == 0 ? mine : held;
-    if (len) send_frame(cx, mod(r + 1, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, piece.data(), bytes(len)); });
+    const char* piece = k == 0 ? mine : held;
+    if (len) send_frame(cx, mod(r + 1, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, piece, bytes(len)); });
     take(mod(r - 1, n), mod(r - k - 1, n), k + 1 < n - 1);
   }
 }
@@ -122,7 +122,8 @@ void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) 
   auto bytes = [&](size_t len) { return encoded_bytes(spec.codec, spec.block, len); };
   const auto* in = static_cast<const char*>(rq.input);
   auto* out = static_cast<char*>(rq.output);
-  std::vector<char> mine(bytes(chunk)), held(algorithm == Algorithm::Ring ? bytes(chunk) : 0);
+  char* const mine = cx.workspace->get(Scratch::Own, bytes(chunk));
+  char* const held = algorithm == Algorithm::Ring ? cx.workspace->get(Scratch::Held, bytes(chunk)) : nullptr;
   if (algorithm == Algorithm::OneShot) {
     const SegmentChunks chunks{Segments{rq.count, 1, spec.block}, chunk};
     std::vector<Term> terms(n);
@@ -130,14 +131,14 @@ void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) 
       size_t first, len;
       chunks.piece(0, c, first, len);
       const Term own{in + first * es, Form::Input};
-      cx.ops->reduce_terms(spec, Stage::Encoded, mine.data(), &own, 1, len);
+      cx.ops->reduce_terms(spec, Stage::Encoded, mine, &own, 1, len);
       for (int k = 1; k < n; ++k)
-        send_frame(cx, mod(r + k, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, mine.data(), bytes(len)); });
+        send_frame(cx, mod(r + k, n), bytes(len), [&](void* slot) { cx.ops->copy(slot, mine, bytes(len)); });
       for (int p = 0; p < n; ++p)
         terms[p] = p == r ? own : Term{begin_recv_frame(cx, p, bytes(len)), Form::Encoded};
       if (deterministic) {  // the result quantized once more, as every other algorithm does
-        cx.ops->reduce_terms(spec, Stage::FinalEncoded, mine.data(), terms.data(), n, len);
-        const Term result{mine.data(), Form::Encoded};
+        cx.ops->reduce_terms(spec, Stage::FinalEncoded, mine, terms.data(), n, len);
+        const Term result{mine, Form::Encoded};
         cx.ops->reduce_terms(decoding(spec), Stage::Final, out + first * es, &result, 1, len);
       } else {
         cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms.data(), n, len);
@@ -151,10 +152,10 @@ void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm) 
   // before any piece of chunk c of the output is written.
   const SegmentChunks chunks{Segments{rq.count, static_cast<size_t>(n), spec.block}, chunk};
   for (size_t c = 0; c < chunks.count(); ++c) {
-    coded_reduce_scatter_chunk(cx, rq, chunks, c, mine.data(), Stage::FinalEncoded);
+    coded_reduce_scatter_chunk(cx, rq, chunks, c, mine, Stage::FinalEncoded);
     size_t first, len;
     chunks.piece(r, c, first, len);
-    const Term result{mine.data(), Form::Encoded};
+    const Term result{mine, Form::Encoded};
     cx.ops->reduce_terms(decoding(spec), Stage::Final, out + first * es, &result, 1, len);
     coded_gather_chunk(cx, spec, chunks, c, mine, held, out, algorithm == Algorithm::Ring);
   }
@@ -168,7 +169,7 @@ void coded_reduce_scatter(const Context& cx, const Request& rq) {
   const bool deterministic = rq.options.determinism != Determinism::Default;
   const size_t es = element_size(rq.dtype), chunk = coded_chunk(cx, spec);
   const SegmentChunks chunks{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, chunk};
-  std::vector<char> mine(deterministic ? encoded_bytes(spec.codec, spec.block, chunk) : 0);
+  char* const mine = deterministic ? cx.workspace->get(Scratch::Own, encoded_bytes(spec.codec, spec.block, chunk)) : nullptr;
   auto* out = static_cast<char*>(rq.output);
   for (size_t c = 0; c < chunks.count(); ++c) {
     char* piece = out + c * chunks.chunk * es;
@@ -176,10 +177,10 @@ void coded_reduce_scatter(const Context& cx, const Request& rq) {
       coded_reduce_scatter_chunk(cx, rq, chunks, c, piece, Stage::Final);
       continue;
     }
-    coded_reduce_scatter_chunk(cx, rq, chunks, c, mine.data(), Stage::FinalEncoded);
+    coded_reduce_scatter_chunk(cx, rq, chunks, c, mine, Stage::FinalEncoded);
     size_t first, len;
     chunks.piece(cx.rank, c, first, len);
-    const Term result{mine.data(), Form::Encoded};
+    const Term result{mine, Form::Encoded};
     cx.ops->reduce_terms(decoding(spec), Stage::Final, piece, &result, 1, len);
   }
 }
@@ -190,15 +191,16 @@ void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm) 
   const SegmentChunks chunks{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)}, chunk};
   const auto* in = static_cast<const char*>(rq.input);
   auto* out = static_cast<char*>(rq.output);
-  std::vector<char> mine(encoded_bytes(spec.codec, spec.block, chunk));
-  std::vector<char> held(algorithm == Algorithm::Ring ? mine.size() : 0);
+  const size_t piece_bytes = encoded_bytes(spec.codec, spec.block, chunk);
+  char* const mine = cx.workspace->get(Scratch::Own, piece_bytes);
+  char* const held = algorithm == Algorithm::Ring ? cx.workspace->get(Scratch::Held, piece_bytes) : nullptr;
   for (size_t c = 0; c < chunks.count(); ++c) {
     size_t first, len;
     chunks.piece(cx.rank, c, first, len);
     if (len) {  // this rank's piece, quantized like every peer's copy of it
       const Term own{in + (first - chunks.seg.begin(cx.rank)) * es, Form::Input};
-      cx.ops->reduce_terms(spec, Stage::Encoded, mine.data(), &own, 1, len);
-      const Term result{mine.data(), Form::Encoded};
+      cx.ops->reduce_terms(spec, Stage::Encoded, mine, &own, 1, len);
+      const Term result{mine, Form::Encoded};
       cx.ops->reduce_terms(decoding(spec), Stage::Final, out + first * es, &result, 1, len);
     }
     coded_gather_chunk(cx, spec, chunks, c, mine, held, out, algorithm == Algorithm::Ring);

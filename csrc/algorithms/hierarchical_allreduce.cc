@@ -124,7 +124,7 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
   const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
   const SegmentChunks shards{Segments{rq.count, node.size()}, cx.chunk_bytes / es};
   const size_t shard_len = shards.seg.length(local);
-  char* const partial = cx.workspace->get(shard_len * ws);  // fp32 partials of my shard
+  char* const partial = cx.workspace->get(Scratch::Partials, shard_len * ws);  // fp32 partials of my shard
   // Slice s covers chunks [s * per_slice, (s + 1) * per_slice); every rank cuts alike.
   const size_t chunks = shards.count();
   const size_t per_slice = std::max(kMinSliceChunks, ceil_div(chunks, kMaxSlices));

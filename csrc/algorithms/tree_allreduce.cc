@@ -50,8 +50,9 @@ void tree_allreduce(const Context& cx, const Request& rq) {
   const size_t unit = coded ? spec.block : 1;  // compressed: halves and chunks of whole blocks
   const SegmentChunks halves{Segments{rq.count, 2, unit}, cx.chunk_bytes / ws / unit * unit};
   const auto down_bytes = [&](size_t len) { return coded ? encoded_bytes(spec.codec, spec.block, len) : len * es; };
-  std::vector<char> result[2];  // compressed: each half's encoded result piece, root to leaves
-  if (coded) result[0].resize(down_bytes(halves.chunk)), result[1].resize(down_bytes(halves.chunk));
+  // Compressed: each half's encoded result piece, root to leaves.
+  char* const results = coded ? cx.workspace->get(Scratch::Results, 2 * down_bytes(halves.chunk)) : nullptr;
+  char* const result[2] = {results, coded ? results + down_bytes(halves.chunk) : nullptr};
   ReduceSpec decode = spec;
   decode.reduction = Reduction{};
   const TreeLinks trees[2] = {links_of(cx.size, cx.rank, 0), links_of(cx.size, cx.rank, 1)};
@@ -71,7 +72,7 @@ void tree_allreduce(const Context& cx, const Request& rq) {
         send_frame(cx, t.parent, len * ws,
                    [&](void* slot) { cx.ops->reduce_terms(spec, Stage::Partial, slot, terms, k, len); });
       else if (coded)
-        cx.ops->reduce_terms(spec, Stage::FinalEncoded, result[h].data(), terms, k, len);
+        cx.ops->reduce_terms(spec, Stage::FinalEncoded, result[h], terms, k, len);
       else
         cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms, k, len);
       for (int child : t.child)
@@ -84,7 +85,7 @@ void tree_allreduce(const Context& cx, const Request& rq) {
       if (!len) continue;
       char* piece = out + first * es;
       const size_t bytes = down_bytes(len);
-      void* down = coded ? static_cast<void*>(result[h].data()) : piece;  // what goes to the children
+      void* down = coded ? static_cast<void*>(result[h]) : piece;  // what goes to the children
       if (t.parent >= 0) recv_frame(cx, t.parent, bytes, [&](const void* v) { cx.ops->copy(down, v, bytes); });
       if (coded) {  // every rank, the root included, decodes the same encoded bits
         const Term encoded{down, Form::Encoded};

@@ -1,10 +1,12 @@
 #include "binding/backend.h"
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include "binding/store_adapter.h"
 #include "binding/tables.h"
+#include "device/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -19,7 +21,9 @@ std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
 
 void check_tensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), "pycomm: ", op, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "pycomm: ", op, " expects CPU tensors, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.device().is_cpu() || t.device().is_cuda(), "pycomm: ", op,
+                    " expects CPU or CUDA tensors, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.device().is_cpu() || has_device_runtime(), "pycomm: ", op, ": ", kNoCudaBuild);
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm: ", op, " expects dense tensors, got layout ", t.layout());
   to_core(t.scalar_type());
 }
@@ -42,6 +46,12 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
     check_same(t, like, op);
     TORCH_CHECK_VALUE(t.numel() == like.numel(), "pycomm: ", op, ": every tensor in the list must have ", like.numel(), " elements, got ", t.numel());
   }
+}
+
+// The stream the calling thread enqueues work on for `device` (CUDA), through torch's
+// device-generic interface, so that this file needs no CUDA header.
+c10::Stream current_stream(const at::Device& device) {
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
 }  // namespace
@@ -124,8 +134,8 @@ ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& st
                                        std::chrono::milliseconds timeout, const std::string& group_name)
     : Backend(rank, size) {
   try {
-    TorchStore adapter(store);
-    comm_ = std::make_unique<Communicator>(adapter, rank, size, group_name, timeout, Config::from_env());
+    store_ = std::make_unique<TorchStore>(store);
+    comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, Config::from_env());
   } catch (const Error& e) {
     rethrow_for_torch(e);
   }
@@ -167,11 +177,21 @@ Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chro
   rq.dtype = to_core(t.scalar_type());
   rq.options = comm_->config().options_for(c);
   rq.timeout = op_timeout(timeout);
+  rq.device = t.is_cuda() ? t.get_device() : -1;
   return rq;
 }
 
 void ProcessGroupPycomm::validate(Launch& l, const char* title) {
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
+  for (const at::Tensor& t : l.keep) {
+    if (&t == &l.keep.front()) l.device = t.device();
+    TORCH_CHECK_VALUE(t.device() == l.device, "pycomm: ", title, ": tensors on different devices (", l.device,
+                      " and ", t.device(), ")");
+  }
+  if (l.device.is_cuda()) {
+    l.ready = std::make_shared<c10::Event>(l.device.type());
+    l.ready->record(current_stream(l.device));
+  }
   try {
     for (Request& rq : l.requests) comm_->validate(rq);
   } catch (const Error& e) {
@@ -180,8 +200,16 @@ void ProcessGroupPycomm::validate(Launch& l, const char* title) {
 }
 
 void ProcessGroupPycomm::run(Launch& l) {
+  if (l.ready) l.ready->synchronize();
   for (const Request& rq : l.requests) comm_->execute(rq);
   for (auto& copy_back : l.after) copy_back();
+  // Copy-backs into CUDA tensors ran on this thread's current stream: complete them.
+  if (!l.after.empty())
+    for (const at::Tensor& t : l.result)
+      if (t.is_cuda()) {
+        current_stream(t.device()).synchronize();
+        break;
+      }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
@@ -432,7 +460,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesc
   for (size_t i = 0; i < inputs.size(); ++i)
     add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
   l.result = outputs;
-  return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
+  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -497,11 +525,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::p2p(Collective c, std::vector
   const bool sending = c == Collective::Send;
   const at::Tensor& t = single(tensors, name_of(c));
   Launch l;
-  Request rq = request(c, t, c10d::kUnsetTimeout);
+  // CUDA tensors travel through host memory: a pair has no device channel of its own
+  // (device channels are set up by collectives, which every rank joins).
+  const at::Tensor host = t.is_cuda() ? (sending ? t.to(at::kCPU) : at::empty_like(t, t.options().device(at::kCPU))) : t;
+  Request rq = request(c, host, c10d::kUnsetTimeout);
   rq.root = peer;
   rq.tag = tag;
-  if (sending) rq.input = l.in(t).data_ptr();
-  else rq.output = l.out(t).data_ptr();
+  if (sending) rq.input = l.in(host).data_ptr();
+  else rq.output = l.out(host).data_ptr();
+  if (!sending && t.is_cuda()) l.after.push_back([t, host]() mutable { t.copy_(host); });
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -39,11 +40,20 @@ class PycommWork final : public c10d::Work {
 };
 
 // What one Work runs: requests in order, then copies out of staging buffers.
+//
+// CUDA tensors (stream semantics as ProcessGroupNCCL's, as far as a caller can tell): the
+// requests wait for `ready`, recorded on the caller's current stream when the collective
+// is issued; they run on the device ops' internal stream; the Work completes once the
+// results, copy-backs included, are complete on the device, so Work.wait() (which waits
+// for completion) orders every later use on any stream after them. `keep` holds every
+// tensor involved until then.
 struct Launch {
   std::vector<Request> requests;
   std::vector<at::Tensor> keep;               // every tensor a request points into
   std::vector<std::function<void()>> after;   // copy-backs, run after the last request
   std::vector<at::Tensor> result;             // the Work's result and future value
+  at::Device device = at::kCPU;               // of every tensor in `keep` (validate())
+  std::shared_ptr<c10::Event> ready;          // CUDA: the inputs are complete
 
   at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
   at::Tensor out(const at::Tensor& t);        // dense writable view, copied back if strided
@@ -112,6 +122,7 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void validate(Launch& l, const char* title);
   void run(Launch& l);  // executes the requests, then the copy-backs
 
+  std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes
 };

@@ -1,9 +1,12 @@
 // The wire codecs on whole tensors, for Python: what compression does to a contribution
-// (pycomm.quantize), the bytes it sends (pycomm.encode) and their values (pycomm.decode).
-// They run the same block code as the collectives, so a test of these is a test of those.
+// (pycomm.quantize), the bytes it sends (pycomm.encode) and their values (pycomm.decode);
+// and the reduction itself (pycomm._C.reduce, for tests and benchmarks of the kernels).
+// They run the device ops of the tensor's device (CPU or CUDA), the code the collectives
+// run, so a test of these is a test of those.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <optional>
 #include <string>
@@ -20,6 +23,11 @@ at::Tensor encode_tensor(const at::Tensor& t, const std::string& codec, int64_t 
 // that dtype and numel).
 at::Tensor decode_tensor(const at::Tensor& encoded, const std::string& codec, int64_t block, int64_t numel,
                          at::ScalarType dtype, const std::optional<at::Tensor>& out);
+// Element-wise reduction of `terms` (each a rank's contribution: PREMUL_SUM scales each,
+// AVG divides by `world_size`), folded in the order given, or exactly (`exact`: exact
+// mode's sum); into `out` when given.
+at::Tensor reduce_tensors(const std::vector<at::Tensor>& terms, const c10d::ReduceOp& op, int64_t world_size,
+                          bool exact, const std::optional<at::Tensor>& out);
 // The group's default block (PYCOMM_COMPRESSION_BLOCK).
 int64_t default_compression_block();
 

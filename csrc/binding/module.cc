@@ -1,15 +1,24 @@
-// The Python module pycomm._C: the backend class, its creator, and the direct API.
+// The Python module pycomm._C: the backend class, its creator, and the direct API. A
+// CUDA build (setup.py defines PYCOMM_WITH_CUDA) registers the CUDA runtime here.
 #include <torch/python.h>
 
 #include "core/config.h"
 #include "binding/backend.h"
 #include "binding/codecs.h"
+#include "device/device_runtime.h"
+#if defined(PYCOMM_WITH_CUDA)
+#include "cuda/cuda_runtime.h"
+#endif
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
   using pycomm::ProcessGroupPycomm;
   m.doc() = "pycomm: collective communication backend for torch.distributed";
+#if defined(PYCOMM_WITH_CUDA)
+  pycomm::register_device_runtime(&pycomm::cuda_runtime());
+#endif
+  m.attr("has_cuda") = pycomm::has_device_runtime();
 
   py::class_<ProcessGroupPycomm, c10d::Backend, c10::intrusive_ptr<ProcessGroupPycomm>>(m, "ProcessGroupPycomm")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
@@ -43,6 +52,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
         py::arg("dtype"), py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("reduce", &pycomm::reduce_tensors, py::arg("terms"), py::arg("op"), py::arg("world_size") = 1,
+        py::arg("exact") = false, py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;

@@ -34,7 +34,7 @@ Reduction to_core(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::BXOR: r.kind = ReduceKind::BitXor; break;
     case c10d::ReduceOp::PREMUL_SUM: {
       r.kind = ReduceKind::PremulSum;
-      const auto* s = dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+      const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (!s) C10_THROW_ERROR(ValueError, "pycomm: PREMUL_SUM without its factor");
       r.premul = s->tensor_factor.defined() ? s->tensor_factor.to(at::kCPU).item<double>()
                                             : s->double_factor;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "device/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -67,7 +68,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::string wire_config(const Config& c) {
   std::ostringstream os;
   os << static_cast<int>(c.transport) << "/" << c.ranks_per_node << "/" << c.shm_chunk_bytes << "/"
-     << c.tcp_chunk_bytes << "/" << c.pipeline_depth;
+     << c.tcp_chunk_bytes << "/" << c.cuda_chunk_bytes << "/" << c.pipeline_depth;
   return os.str();
 }
 
@@ -88,14 +89,15 @@ int cores_available() {
 
 Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
                            std::chrono::milliseconds timeout, Config config)
-    : rank_(rank), size_(size), group_name_(std::move(group_name)), timeout_(timeout),
+    : rank_(rank), size_(size), group_name_(std::move(group_name)), store_(&store), timeout_(timeout),
       config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
   // Distinct instances of a group that reuse one store (re-initialisation in the same
   // processes) get distinct keys: every rank of instance i draws from [i*size+1, (i+1)*size].
   const int64_t ticket = store.add("pycomm/instances", 1);
-  const std::string prefix = "pycomm/" + std::to_string((ticket - 1) / size);
+  prefix_ = "pycomm/" + std::to_string((ticket - 1) / size);
+  const std::string& prefix = prefix_;
   Perturbation::Spec perturbation;
   if (Perturbation::parse(config_.test_perturb, rank_, perturbation))
     perturb_ = std::make_unique<Perturbation>(perturbation, rank_);
@@ -160,6 +162,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   // the peer they wait for gets to run, which beats a futex sleep and wake by far.
   const int spin_us = config_.spin_us >= 0 ? config_.spin_us : (local_ranks <= cores_available() ? 50 : 30);
   setup.spin.spin = std::chrono::microseconds(spin_us);
+  spin_ = setup.spin;
   setup.deadline = Deadline::after(timeout_);
   channels_.assign(size_, nullptr);
   chunk_bytes_ = config_.shm_chunk_bytes;
@@ -171,15 +174,15 @@ void Communicator::connect(Store& store, const std::string& prefix) {
       if (a.rank != b.rank && (config_.transport == TransportChoice::Tcp || a.host_key != b.host_key || a.node != b.node))
         group_uses_tcp = true;
   if (group_uses_tcp) chunk_bytes_ = std::min(chunk_bytes_, config_.tcp_chunk_bytes);
+  group_uses_tcp_ = group_uses_tcp;
 
-  for (auto [peers, make] : {std::make_pair(&shm_peers, &make_shm_transport),
-                             std::make_pair(&tcp_peers, &make_tcp_transport)}) {
-    setup.peers = *peers;
-    // Transports are created in the same order on every rank, each only where it has
-    // peers; set-up waits only on peers that create the same transport.
-    if (peers->empty()) continue;
-    transports_.push_back(make(setup));
-    for (int p : *peers) channels_[p] = transports_.back()->channel(p);
+  // Transports are created in the same order on every rank, each only where it has
+  // peers; set-up waits only on peers that create the same transport.
+  for (bool shm : {true, false}) {
+    setup.peers = shm ? shm_peers : tcp_peers;
+    if (setup.peers.empty()) continue;
+    transports_.push_back(shm ? make_shm_transport(setup) : make_tcp_transport(setup));
+    for (int p : setup.peers) channels_[p] = transports_.back()->channel(p);
   }
   calibrate(store, prefix);
   if (config_.log_level >= LogLevel::Info) {
@@ -247,6 +250,59 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
   }
 }
 
+struct Communicator::DevicePath {
+  std::unique_ptr<DeviceOps> ops;                // first: everything below uses it
+  std::unique_ptr<Transport> ipc;                // to ranks of this host; null: none
+  std::vector<std::unique_ptr<Channel>> staged;  // to the others, over the host channels
+  std::vector<Channel*> channels;                // by group rank; null for self
+  size_t chunk_bytes = 0;
+  Workspace workspace;
+  explicit DevicePath(std::unique_ptr<DeviceOps> o) : ops(std::move(o)), workspace(*ops) {}
+};
+
+// Every rank makes its path in the same collective (its first on CUDA tensors), so the
+// store keys of the n-th path made in this group agree whichever device each rank uses.
+Communicator::DevicePath& Communicator::device_path(int device) {
+  {
+    std::lock_guard<std::mutex> lock(devices_mutex_);
+    const auto it = devices_.find(device);
+    if (it != devices_.end()) return *it->second;
+  }
+  const DeviceRuntime& runtime = device_runtime();
+  auto path = std::make_unique<DevicePath>(runtime.make_ops(device));
+  TransportSetup setup;
+  setup.store = store_;
+  setup.key_prefix = prefix_ + "/device/" + std::to_string(devices_.size());
+  setup.rank = rank_;
+  setup.size = size_;
+  setup.ranks = ranks_;
+  setup.config = &config_;
+  setup.chunk_bytes = config_.cuda_chunk_bytes;
+  setup.spin = spin_;
+  setup.deadline = Deadline::after(timeout_);
+  for (const PeerInfo& p : ranks_)
+    if (p.rank != rank_ && p.host_key == ranks_[rank_].host_key && config_.transport != TransportChoice::Tcp)
+      setup.peers.push_back(p.rank);
+  if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, runtime.make_slot_arena(device));
+  path->channels.assign(size_, nullptr);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Channel* ipc = path->ipc ? path->ipc->channel(p) : nullptr;
+    if (!ipc) path->staged.push_back(make_staged_channel(*channels_[p], *path->ops));
+    path->channels[p] = ipc ? ipc : path->staged.back().get();
+  }
+  // The same on every rank: the smallest slot of any channel in the group.
+  path->chunk_bytes = group_uses_tcp_ ? std::min(config_.cuda_chunk_bytes, config_.tcp_chunk_bytes)
+                                      : config_.cuda_chunk_bytes;
+  if (config_.log_level >= LogLevel::Info)
+    log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + runtime.name() + ":" +
+             std::to_string(device) + ": " + std::to_string(setup.peers.size()) + " peers over " +
+             (path->ipc ? path->ipc->name() : "-") + ", " + std::to_string(path->staged.size()) +
+             " staged through host memory, chunk " + std::to_string(path->chunk_bytes) + " B");
+  std::lock_guard<std::mutex> lock(devices_mutex_);
+  return *devices_.emplace(device, std::move(path)).first->second;
+}
+
 Context Communicator::context() const {
   Context cx;
   cx.rank = rank_;
@@ -257,9 +313,7 @@ Context Communicator::context() const {
   cx.ops = &cpu_ops();
   cx.chunk_bytes = chunk_bytes_;
   // Transports only: the caller's failure then poisons the group with the full story.
-  cx.abort = [this](const std::string& reason) {
-    for (auto& t : transports_) t->abort(reason);
-  };
+  cx.abort = [this](const std::string& reason) { abort_transports(reason); };
   cx.perturb = perturb_.get();
   cx.workspace = &workspace_;
   return cx;
@@ -275,6 +329,11 @@ Selection Communicator::select(const Request& rq) const {
   in.determinism = rq.options.determinism;
   in.chunk_bytes = chunk_bytes_;
   in.costs = costs_;
+  // Device memory within one host: every step costs a device synchronization, so the
+  // direct algorithms, with the fewest steps, are the choice at every size.
+  if (rq.device >= 0 && topology_.nodes.size() == 1 && rq.options.algorithm == Algorithm::Auto)
+    return Selection{rq.collective == Collective::AllReduce && in.bytes > kDeviceOneShotBytes ? Algorithm::TwoShot
+                                                                                              : Algorithm::OneShot, ""};
   return select_algorithm(in);
 }
 
@@ -369,6 +428,13 @@ void Communicator::execute(const Request& rq) {
   const bool coded = rq.options.compression != Compression::None;
   const bool ordered = rq.options.determinism != Determinism::Default;
   try {
+    if (rq.device >= 0) {
+      DevicePath& d = device_path(rq.device);
+      cx.ops = d.ops.get();
+      cx.channels = &d.channels;
+      cx.chunk_bytes = d.chunk_bytes;
+      cx.workspace = &d.workspace;
+    }
     switch (rq.collective) {
       case Collective::AllReduce:
         switch (chosen.algorithm) {
@@ -414,7 +480,14 @@ void Communicator::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(poison_mutex_);
     if (poison_.empty()) poison_ = reason;
   }
+  abort_transports(reason);
+}
+
+void Communicator::abort_transports(const std::string& reason) const {
   for (auto& t : transports_) t->abort(reason);
+  std::lock_guard<std::mutex> lock(devices_mutex_);
+  for (auto& [device, path] : devices_)
+    if (path->ipc) path->ipc->abort(reason);
 }
 
 }  // namespace pycomm

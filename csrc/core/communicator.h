@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,7 +24,8 @@ namespace pycomm {
 class Communicator {
  public:
   // Rendezvous through `store` (keys private to this group); blocks until every rank of
-  // the group has connected, or throws.
+  // the group has connected, or throws. `store` must outlive the communicator: the first
+  // collective on a CUDA device's memory sets up that device's channels through it.
   Communicator(Store& store, int rank, int size, std::string group_name,
                std::chrono::milliseconds timeout, Config config);
   ~Communicator();
@@ -55,11 +57,24 @@ class Communicator {
  private:
   void connect(Store& store, const std::string& prefix);
   void calibrate(Store& store, const std::string& prefix);
-  Context context() const;
+  Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq);
+
+  // What operations on one CUDA device's memory run with: its ops, channels (CUDA IPC to
+  // ranks of this host, staged through the host channels to the others) and scratch.
+  // Made by the first collective on that device's tensors, which every rank reaches.
+  struct DevicePath;
+  DevicePath& device_path(int device);
+  void abort_transports(const std::string& reason) const;  // host and device, any thread
+  // Device all-reduces up to this size run oneshot within a host (see select()).
+  static constexpr size_t kDeviceOneShotBytes = 256 << 10;
 
   int rank_, size_;
   std::string group_name_;
+  Store* store_;
+  std::string prefix_;             // of this group instance's store keys
+  SpinPolicy spin_;
+  bool group_uses_tcp_ = false;
   std::chrono::milliseconds timeout_;
   Config config_;
   std::vector<PeerInfo> ranks_;
@@ -71,7 +86,9 @@ class Communicator {
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
-  mutable Workspace workspace_;                  // operations run one at a time
+  mutable Workspace workspace_{cpu_ops()};      // operations run one at a time
+  mutable std::mutex devices_mutex_;              // guards devices_ against abort()
+  std::map<int, std::unique_ptr<DevicePath>> devices_;
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_
 };

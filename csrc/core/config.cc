@@ -18,6 +18,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_SOCKET_IFNAME", "", "Network interface (name, or one of its IPv4 addresses) TCP listens on (default: loopback within a host, else the first up interface)."},
       {"PYCOMM_LINK_COSTS", "", "Calibration file of link costs for algorithm selection: read if it exists, else written after measuring (default: measure at group creation)."},
       {"PYCOMM_SHM_CHUNK_BYTES", "262144", "Payload bytes per shared-memory slot: the pipelining chunk."},
+      {"PYCOMM_CUDA_CHUNK_BYTES", "4194304", "Payload bytes per slot between ranks' CUDA memory on one host (CUDA IPC): the pipelining chunk of collectives on CUDA tensors."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
@@ -100,6 +101,7 @@ Config Config::from_env() {
   c.link_costs_file = knob_value("PYCOMM_LINK_COSTS");
   c.shm_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_SHM_CHUNK_BYTES", 4096, 64 << 20));
   c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
+  c.cuda_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_CUDA_CHUNK_BYTES", 4096, 256 << 20));
   c.pipeline_depth = static_cast<int>(int_knob("PYCOMM_PIPELINE_DEPTH", 2, 64));
   c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
   c.eager_bytes = static_cast<size_t>(int_knob("PYCOMM_EAGER_BYTES", 0, 1LL << 40));
@@ -112,6 +114,7 @@ Config Config::from_env() {
   // Chunks hold whole elements of every type and keep slots 64-byte aligned.
   c.shm_chunk_bytes &= ~size_t{63};
   c.tcp_chunk_bytes &= ~size_t{63};
+  c.cuda_chunk_bytes &= ~size_t{63};
   return c;
 }
 

@@ -38,6 +38,7 @@ struct Config {
   std::string link_costs_file;        // empty: measure link costs at group creation
   size_t shm_chunk_bytes = 0;
   size_t tcp_chunk_bytes = 0;
+  size_t cuda_chunk_bytes = 0;
   int pipeline_depth = 0;             // slots per channel direction
   size_t eager_bytes = 0;
   size_t compression_block = 0;       // elements per scale of the scaled codecs             // asynchronous collectives this small run at once

@@ -333,13 +333,14 @@ struct CodeFp8E5M2 : CodeFp8<5, 2, 0x7c> {
 template <class Code>
 PYCOMM_HD float block_scale(float amax) {
   if (!Code::kScaled || !(amax > 0.0f)) return 1.0f;
+  const float target = Code::kTarget;  // a value here: device code cannot refer to the member
   // amax = m * 2^p with m in [1, 2): start just below the answer, then step to it.
   const int p = static_cast<int>((bit_cast_<uint32_t>(amax) >> 23) & 0xff) - 127;
-  const int t = static_cast<int>((bit_cast_<uint32_t>(Code::kTarget) >> 23) & 0xff) - 127;
+  const int t = static_cast<int>((bit_cast_<uint32_t>(target) >> 23) & 0xff) - 127;
   int e = p - t - 1;
   if (e < -126) e = -126;
   if (e > 126) e = 126;
-  while (e < 126 && amax * bit_cast_<float>(static_cast<uint32_t>(127 - e) << 23) > Code::kTarget) ++e;
+  while (e < 126 && amax * bit_cast_<float>(static_cast<uint32_t>(127 - e) << 23) > target) ++e;
   return bit_cast_<float>(static_cast<uint32_t>(127 + e) << 23);
 }
 

@@ -104,6 +104,23 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
 };
 
+// Device memory for the slot payloads of a shared-memory transport (CUDA IPC): each rank
+// allocates the payloads of its outbound rings and publishes a handle; peers map it once,
+// for the transport's lifetime. Headers and counters stay in host shared memory.
+// Visibility: a payload written by a completed device operation (DeviceOps contract) is
+// visible to every later operation of a process that mapped it, before the tail store
+// that publishes it; the receiver's reads are likewise complete before its head store.
+// Lifetime: a transport frees its payloads only once its peers have consumed every frame
+// it sent (or failed), so a rank that leaves first never pulls its last frames away.
+class SlotArena {
+ public:
+  virtual ~SlotArena() = default;
+  virtual const char* kind() const = 0;                  // the transport's name: "cuda-ipc"
+  virtual std::string allocate(size_t bytes) = 0;        // this rank's payloads; the handle
+  virtual char* base() = 0;                              // of this rank's payloads
+  virtual char* map(const std::string& handle, int peer) = 0;  // a peer's payloads
+};
+
 struct TransportSetup {
   Store* store = nullptr;
   std::string key_prefix;          // private to this group instance
@@ -113,11 +130,20 @@ struct TransportSetup {
   std::vector<PeerInfo> ranks;     // every rank of the group, indexed by rank
   std::string secret;              // per-group secret, proves membership on connect
   const Config* config = nullptr;
+  size_t chunk_bytes = 0;          // shm payload bytes per slot; 0: PYCOMM_SHM_CHUNK_BYTES
   SpinPolicy spin;
   Deadline deadline;               // for connection set-up
 };
 
-std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup);
+// `payloads`: slot payloads in device memory (see SlotArena); null: in the shared segment.
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup,
+                                              std::unique_ptr<SlotArena> payloads = nullptr);
 std::unique_ptr<Transport> make_tcp_transport(const TransportSetup& setup);
+
+class DeviceOps;
+// A channel over `host` (a TCP channel, say) for payloads in device memory: each frame is
+// copied between a device staging slot and the host slot by `ops`. The network transfer
+// of one frame overlaps the device work of the next. `host` and `ops` must outlive it.
+std::unique_ptr<Channel> make_staged_channel(Channel& host, const DeviceOps& ops);
 
 }  // namespace pycomm

@@ -1,32 +1,51 @@
 // Scratch memory for an operation, kept from one operation to the next.
 //
 // Large collectives need buffers as large as a tensor's shard; allocating them per call
-// costs a fresh mapping whose pages are faulted in and cleared by the kernel every time,
-// plus a pass to zero them. A Workspace keeps the largest buffer asked for. Its contents
-// are not initialized. Contract: one operation at a time uses it (a communicator runs
-// its operations one after the other), and within an operation only one user, the
-// outermost algorithm: a pointer stays valid until the next get().
+// costs a fresh mapping whose pages are faulted in and cleared by the kernel every time
+// (on a GPU, an allocation that synchronizes the device), plus a pass to zero them. A
+// Workspace keeps, per purpose, the largest buffer asked for, in the memory of its
+// device. Contents are not initialized. Contract: one operation at a time uses it (a
+// communicator runs its operations one after the other), and each purpose has one user
+// within an operation, so nested algorithms (hierarchical running a compressed ring)
+// never share a buffer. A pointer stays valid until the next get() of its purpose.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
+#include "device/device_ops.h"
+
 namespace pycomm {
+
+enum class Scratch {
+  Partials,  // hierarchical: fp32 partial sums of this rank's shard
+  Own,       // compressed: this rank's encoded piece
+  Held,      // compressed ring: the encoded piece being forwarded
+  Results,   // compressed tree: each half's encoded result piece
+  kCount
+};
 
 class Workspace {
  public:
-  char* get(size_t bytes) {
-    if (bytes > capacity_) {
-      buffer_.reset();  // release before allocating: never hold both
-      buffer_.reset(new char[bytes]);
-      capacity_ = bytes;
+  explicit Workspace(const DeviceOps& ops) : ops_(&ops) {}
+
+  char* get(Scratch purpose, size_t bytes) {
+    Buffer& b = buffers_[static_cast<int>(purpose)];
+    if (bytes > b.capacity) {
+      b.memory.reset();  // release before allocating: never hold both
+      b.memory = ops_->allocate(bytes);
+      b.capacity = bytes;
     }
-    return buffer_.get();
+    return b.memory.get();
   }
 
  private:
-  std::unique_ptr<char[]> buffer_;
-  size_t capacity_ = 0;
+  struct Buffer {
+    std::shared_ptr<char> memory;
+    size_t capacity = 0;
+  };
+  const DeviceOps* ops_;
+  Buffer buffers_[static_cast<int>(Scratch::kCount)];
 };
 
 }  // namespace pycomm

@@ -334,6 +334,9 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
 
 class CpuOps final : public DeviceOps {
  public:
+  std::shared_ptr<char> allocate(size_t bytes) const override {
+    return std::shared_ptr<char>(new char[bytes], std::default_delete<char[]>());
+  }
   void copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes && dst != src) std::memcpy(dst, src, bytes);
   }

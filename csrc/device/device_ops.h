@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/types.h"
 
@@ -45,9 +46,16 @@ struct Term {
   Form form;
 };
 
+// Contract for transports and algorithms: every call returns once its work is complete
+// in memory (a GPU implementation synchronizes its stream), so a buffer written by one
+// call may be published to a peer right after it, and a peer's buffer read by one call
+// may be handed back right after it.
 class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
+  // Uninitialized scratch memory of this device, released with its last owner.
+  virtual std::shared_ptr<char> allocate(size_t bytes) const = 0;
+  // Any direction between this device's memory and host memory.
   virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
   // out[i] = t[0][i] (+) t[1][i] (+) ... (+) t[k-1][i] for i < n, folded left in the
   // order given (the order is part of the result's bits for floating sums), k >= 1.

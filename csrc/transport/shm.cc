@@ -1,5 +1,8 @@
 // Shared-memory transport between processes of one host.
 //
+// Payloads live in the slots of the shared segment, or, with a SlotArena, in device
+// memory that peers map (CUDA IPC); the control below is the same for both.
+//
 // Layout: every rank creates one segment holding its outbound rings, one per peer of its
 // shared-memory clique; every peer maps every other peer's segment. A ring has
 // `pipeline_depth` slots of [FrameHeader | payload] and two counters: `tail` (frames
@@ -49,6 +52,9 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x70796d6d53484d31ull;  // "pymmSHM1"
 constexpr size_t kReasonBytes = 1024;
 constexpr size_t kSlotHeaderBytes = 64;  // FrameHeader padded to a cache line
+// How long a transport with device payloads waits at destruction for its peers to take
+// the frames it sent last (see ShmChannel::drain).
+constexpr std::chrono::milliseconds kDrainTimeout{10000};
 static_assert(sizeof(FrameHeader) <= kSlotHeaderBytes, "slot header too small");
 
 struct SegmentHeader {
@@ -74,7 +80,9 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 struct Layout {
   size_t chunk_bytes, depth, ring_count;
-  size_t slot_bytes() const { return kSlotHeaderBytes + chunk_bytes; }
+  bool device_payloads;  // payloads in a SlotArena: slots hold headers only
+  size_t slot_bytes() const { return kSlotHeaderBytes + (device_payloads ? 0 : chunk_bytes); }
+  size_t arena_bytes() const { return ring_count * depth * chunk_bytes; }
   size_t ring_bytes() const { return round_up(sizeof(RingControl), 64) + depth * slot_bytes(); }
   size_t header_bytes() const { return round_up(sizeof(SegmentHeader), 4096); }
   size_t total() const { return header_bytes() + ring_count * ring_bytes(); }
@@ -152,13 +160,19 @@ class PeerWatch {
   int fd_;
 };
 
+// Where the payloads of one ring's slots are: slot i's at base + (i % depth) * stride.
+struct Payloads {
+  char* base;
+  size_t stride;
+};
+
 class ShmChannel final : public Channel {
  public:
   ShmChannel(ShmTransport* t, const PeerInfo& peer, const Layout& layout, Mapping* mine,
-             size_t out_ring, Mapping* theirs, size_t in_ring)
+             size_t out_ring, Payloads out, Mapping* theirs, size_t in_ring, Payloads in)
       : transport_(t), peer_(peer), layout_(layout), mine_(mine), theirs_(theirs),
         out_(layout.control(mine->base, out_ring)), in_(layout.control(theirs->base, in_ring)),
-        out_ring_(out_ring), in_ring_(in_ring), watch_(peer.pid) {}
+        out_ring_(out_ring), in_ring_(in_ring), out_payloads_(out), in_payloads_(in), watch_(peer.pid) {}
 
   int peer() const override { return peer_.rank; }
   size_t chunk_bytes() const override { return layout_.chunk_bytes; }
@@ -167,7 +181,7 @@ class ShmChannel final : public Channel {
     wait_for(out_->head, out_->sender_sleeping, deadline, "free a slot for", [&] {
       return sent_ - out_->head.load(std::memory_order_acquire) < layout_.depth;
     });
-    return layout_.slot(mine_->base, out_ring_, sent_) + kSlotHeaderBytes;
+    return out_payloads_.base + (sent_ % layout_.depth) * out_payloads_.stride;
   }
 
   void end_send(const FrameHeader& header) override {
@@ -185,7 +199,7 @@ class ShmChannel final : public Channel {
     FrameHeader got;
     std::memcpy(&got, slot, sizeof got);
     check_frame(got, expect, peer_);
-    return slot + kSlotHeaderBytes;
+    return in_payloads_.base + (received_ % layout_.depth) * in_payloads_.stride;
   }
 
   void end_recv() override {
@@ -197,6 +211,14 @@ class ShmChannel final : public Channel {
   void wake_all() {
     futex_wake_all(&out_->tail);
     futex_wake_all(&in_->head);
+  }
+
+  // Returns once the peer has consumed every frame sent here. Device payloads live in
+  // this rank's memory, unlike a shared segment, which outlives its creator while mapped:
+  // they must not be freed while the peer still reads the last frames.
+  void drain(const Deadline& deadline) {
+    wait_for(out_->head, out_->sender_sleeping, deadline, "hand over the last frames to",
+             [&] { return out_->head.load(std::memory_order_acquire) == sent_; });
   }
 
  private:
@@ -213,6 +235,7 @@ class ShmChannel final : public Channel {
   RingControl* out_;
   RingControl* in_;
   size_t out_ring_, in_ring_;
+  Payloads out_payloads_, in_payloads_;
   uint32_t sent_ = 0;      // frames this rank published on its outbound ring
   uint32_t received_ = 0;  // frames this rank consumed from its inbound ring
   PeerWatch watch_;
@@ -220,7 +243,8 @@ class ShmChannel final : public Channel {
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(const TransportSetup& s) : spin_(s.spin) {
+  ShmTransport(const TransportSetup& s, std::unique_ptr<SlotArena> arena)
+      : spin_(s.spin), arena_(std::move(arena)) {
     std::vector<int> clique = s.peers;
     clique.push_back(s.rank);
     std::sort(clique.begin(), clique.end());
@@ -233,15 +257,19 @@ class ShmTransport final : public Transport {
       }
       fail(ErrorKind::Internal, "pycomm: shm ring index");
     };
-    layout_ = Layout{s.config->shm_chunk_bytes, static_cast<size_t>(s.config->pipeline_depth),
-                     clique.size() - 1};
+    layout_ = Layout{s.chunk_bytes ? s.chunk_bytes : s.config->shm_chunk_bytes,
+                     static_cast<size_t>(s.config->pipeline_depth), clique.size() - 1, arena_ != nullptr};
     remove_orphaned_segments();
     create_own_segment(s.rank);
-    s.store->set(s.key_prefix + "/shm/name/" + std::to_string(s.rank), own_.name);
+    const auto key = [&](const char* what, int rank) { return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank); };
+    s.store->set(key("name", s.rank), own_.name);
+    if (arena_) s.store->set(key("arena", s.rank), arena_->allocate(layout_.arena_bytes()));
+    std::map<int, char*> peer_arenas;
     for (int p : s.peers) {
       auto m = std::make_unique<Mapping>();
-      open_peer_segment(*m, s.store->get(s.key_prefix + "/shm/name/" + std::to_string(p)), p);
+      open_peer_segment(*m, s.store->get(key("name", p)), p);
       peers_.emplace(p, std::move(m));
+      if (arena_) peer_arenas[p] = arena_->map(s.store->get(key("arena", p)), p);
     }
     // Everyone has mapped everything it needs once all "mapped" keys exist: then the names
     // can go, and a crash from here on leaves nothing behind.
@@ -250,18 +278,35 @@ class ShmTransport final : public Transport {
     shm_unlink(own_.name.c_str());
     own_.name.clear();
     channels_.resize(s.size);
-    for (int p : s.peers)
-      channels_[p] = std::make_unique<ShmChannel>(this, s.ranks[p], layout_, &own_,
-                                                  index_in(s.rank, p), peers_.at(p).get(),
-                                                  index_in(p, s.rank));
+    for (int p : s.peers) {
+      const size_t out = index_in(s.rank, p), in = index_in(p, s.rank);
+      channels_[p] = std::make_unique<ShmChannel>(this, s.ranks[p], layout_, &own_, out, payloads(own_.base, out, arena_ ? arena_->base() : nullptr),
+                                                  peers_.at(p).get(), in, payloads(peers_.at(p)->base, in, arena_ ? peer_arenas.at(p) : nullptr));
+    }
+  }
+
+  // Ring `ring`'s payloads: after each slot's header in `segment`, or in `arena` memory.
+  Payloads payloads(char* segment, size_t ring, char* arena) const {
+    if (arena) return Payloads{arena + ring * layout_.depth * layout_.chunk_bytes, layout_.chunk_bytes};
+    return Payloads{layout_.slot(segment, ring, 0) + kSlotHeaderBytes, layout_.slot_bytes()};
   }
 
   ~ShmTransport() override {
+    if (arena_) {
+      // Bounded: a dead or aborted peer, or one that never comes back, ends the wait.
+      const Deadline deadline = Deadline::after(kDrainTimeout);
+      for (auto& c : channels_) {
+        try {
+          if (c) c->drain(deadline);
+        } catch (const Error&) {
+        }
+      }
+    }
     channels_.clear();
     peers_.clear();
   }
 
-  const char* name() const override { return "shm"; }
+  const char* name() const override { return arena_ ? arena_->kind() : "shm"; }
   Channel* channel(int peer) override {
     return peer >= 0 && peer < static_cast<int>(channels_.size()) ? channels_[peer].get() : nullptr;
   }
@@ -342,6 +387,7 @@ class ShmTransport final : public Transport {
   }
 
   SpinPolicy spin_;
+  std::unique_ptr<SlotArena> arena_;  // outlives the channels, which point into it
   Layout layout_{};
   Mapping own_;
   std::map<int, std::unique_ptr<Mapping>> peers_;
@@ -375,8 +421,8 @@ void ShmChannel::check_alive(const Deadline& deadline, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup) {
-  return std::make_unique<ShmTransport>(setup);
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup, std::unique_ptr<SlotArena> payloads) {
+  return std::make_unique<ShmTransport>(setup, std::move(payloads));
 }
 
 }  // namespace pycomm

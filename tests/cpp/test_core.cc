@@ -14,7 +14,7 @@
 #include "core/perturbation.h"
 #include "device/device_ops.h"
 #include "check.h"
-#include "memory_store.h"
+#include "world.h"
 
 using namespace pycomm;
 
@@ -60,23 +60,8 @@ static void test_kernel() {
   for (int i = 0; i < 5; ++i) CHECK(float_from_half_bits(out[i].bits) == static_cast<float>(i), "avg of fp16");
 }
 
-// Runs body(rank, comm) on `n` threads sharing one store.
 static void with_world(int n, TransportChoice transport, const std::function<void(int, Communicator&)>& body) {
-  pycomm_test::MemoryStore store;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        Config cfg = Config::from_env();
-        cfg.transport = transport;
-        cfg.shm_chunk_bytes = cfg.tcp_chunk_bytes = 4096;  // many chunks even for small tests
-        Communicator comm(store, r, n, "test", std::chrono::seconds(20), cfg);
-        body(r, comm);
-      } catch (const std::exception& e) {
-        CHECK(false, "rank %d of %d: %s", r, n, e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
+  with_world(n, [&](Config& cfg) { cfg.transport = transport; }, body);
 }
 
 static float value(int rank, size_t i) { return static_cast<float>((i * 7 + rank * 3) % 11); }

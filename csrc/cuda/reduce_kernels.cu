@@ -1,0 +1,44 @@
+// launch_reduce_terms (reduce_kernels.h): checks the request and hands it to the fold
+// kernels of its kind (kernels.h).
+//
+// Bit-equality with the CPU: nvcc must not contract a * b + c into a fused multiply-add
+// (-fmad=false, set by setup.py and the Makefile), and divisions are IEEE (no fast math).
+#include "cuda/reduce_kernels.h"
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+
+namespace pycomm {
+
+int grid_for(size_t work_items) {
+  static int sms = 0;
+  if (!sms) {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  }
+  const size_t blocks = (work_items + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(blocks, static_cast<size_t>(sms) * 16)));
+}
+
+
+void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
+                         cudaStream_t stream) {
+  if (n == 0) return;
+  if (k < 1 || k > kMaxDeviceTerms)
+    fail(ErrorKind::InvalidArgument, "pycomm: a CUDA reduction takes 1 to 64 terms (ranks reducing at once), got " +
+                                         std::to_string(k));
+  if (spec.codec != Compression::None && spec.block > static_cast<size_t>(kMaxCodecBlock))
+    fail(ErrorKind::InvalidArgument, "pycomm: CUDA codecs take blocks of at most 1024 elements");
+  Terms t{};
+  t.k = k;
+  for (int j = 0; j < k; ++j) t.data[j] = terms[j].data, t.form[j] = terms[j].form;
+  if (spec.codec != Compression::None) launch_coded(spec, stage, out, t, n, stream);
+  else launch_fold(spec, stage, out, t, n, stream);
+  cuda_check(cudaGetLastError(), "reduction kernel launch");
+}
+
+}  // namespace pycomm

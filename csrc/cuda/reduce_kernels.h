@@ -1,0 +1,19 @@
+// The CUDA kernels behind CudaOps::reduce_terms: the DeviceOps::reduce_terms contract on
+// device memory, with the per-element arithmetic of core/numerics.h, so every result is
+// bit for bit the CPU path's (cpu_ops.cc), codecs and exact mode included.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "device/device_ops.h"
+
+namespace pycomm {
+
+// At most this many terms per call (a team of up to 64 ranks reducing at once).
+constexpr int kMaxDeviceTerms = 64;
+
+// Enqueues the reduction on `stream`; the caller synchronizes.
+void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
+                         cudaStream_t stream);
+
+}  // namespace pycomm

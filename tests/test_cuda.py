@@ -1,0 +1,231 @@
+"""The CUDA path: kernels bit for bit equal to the CPU path, and every collective on CUDA
+tensors, several ranks sharing one GPU (CUDA IPC), or staged through host memory.
+
+Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
+* kernels: pycomm._C.reduce (the reduction kernel) and the codecs (encode, decode,
+  quantize) on CUDA tensors give the CPU's bits, for every dtype and op, exact mode
+  included, on data with subnormals, infinities and NaN;
+* collectives on CUDA tensors (2 and 4 ranks on one GPU) give the right values, through
+  torch.distributed and the direct API, for every collective;
+* the same all-reduce on CUDA and on CPU copies of the inputs, in the same processes,
+  gives identical bits in both deterministic modes, with and without compression, for
+  every algorithm; also with the CUDA frames staged through TCP and with 2 nodes of 2;
+* stream semantics: inputs written by a slow kernel on the caller's stream are waited for.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _harness import is_gloo, run_world
+
+def _cuda_build():
+    import pycomm
+
+    return pycomm._C.has_cuda
+
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(is_gloo(), reason="pycomm's CUDA path"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU"),
+    pytest.mark.skipif(torch.cuda.is_available() and not _cuda_build(), reason="pycomm built without CUDA"),
+]
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+CODECS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+ALGORITHMS = ["ring", "tree", "oneshot", "twoshot", "hierarchical"]
+
+
+def _same_bits(a, b):
+    """Bit for bit, NaN for NaN: CUDA arithmetic returns its own canonical NaN where the CPU
+    keeps an operand's, so a NaN's sign and payload are not part of the contract."""
+    a, b = a.contiguous().cpu(), b.contiguous().cpu()
+    if a.dtype.is_floating_point:
+        nan = torch.isnan(a)
+        if not torch.equal(nan, torch.isnan(b)):
+            return False
+        a, b = a.masked_fill(nan, 0), b.masked_fill(nan, 0)
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _data(n, dtype, seed, specials=True):
+    g = torch.Generator().manual_seed(seed)
+    if not dtype.is_floating_point:
+        return torch.randint(-100 if dtype != torch.uint8 else 0, 100, (n,), generator=g).to(dtype)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp2(torch.randint(-20, 20, (n,), generator=g))
+    x = x.to(dtype)
+    if specials and n > 64:
+        x[3], x[10], x[11], x[40] = float("inf"), float("-inf"), float("nan"), torch.finfo(dtype).tiny / 4
+        x[41] = torch.finfo(dtype).max
+    return x
+
+
+def _op(name):
+    return dist._make_nccl_premul_sum(0.375) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + INTS)
+def test_reduce_kernel_matches_cpu(dtype):
+    import pycomm
+
+    ops = ["SUM", "AVG", "PREMUL_SUM", "PRODUCT", "MIN", "MAX"] if dtype.is_floating_point else \
+        ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    for k in (1, 2, 3, 8):
+        for n in (1, 7, 4099, 100003):
+            terms = [_data(n, dtype, 10 * k + j) for j in range(k)]
+            for op in ops:
+                if op == "AVG" and not dtype.is_floating_point:
+                    continue
+                for exact in ([False, True] if dtype.is_floating_point else [False]):
+                    cpu = pycomm._C.reduce(terms, _op(op), 4, exact)
+                    gpu = pycomm._C.reduce([t.cuda() for t in terms], _op(op), 4, exact)
+                    assert _same_bits(cpu, gpu), (dtype, k, n, op, exact)
+            # Unaligned starts take the one-element path of the kernel.
+            cpu = pycomm._C.reduce([t[1:] for t in terms], dist.ReduceOp.SUM, 1, False)
+            gpu = pycomm._C.reduce([t.cuda()[1:] for t in terms], dist.ReduceOp.SUM, 1, False)
+            assert _same_bits(cpu, gpu), (dtype, k, n, "unaligned")
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_codec_kernels_match_cpu(codec):
+    import pycomm
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if pycomm._C.encode(torch.zeros(16, dtype=dtype), codec, 16).numel() >= 16 * dtype.itemsize + 4:
+            continue  # no saving: the collectives never use this pair
+        for block in (16, 256, 1024):
+            for n in (5, 1000, 65537):
+                x = _data(n, dtype, n + block)
+                if n > 100:
+                    x[100:100 + block] = torch.finfo(dtype).max  # saturating block
+                enc_cpu = pycomm._C.encode(x, codec, block)
+                enc_gpu = pycomm._C.encode(x.cuda(), codec, block)
+                assert _same_bits(enc_cpu, enc_gpu), (codec, dtype, block, n, "encode")
+                dec_cpu = pycomm._C.decode(enc_cpu, codec, block, n, dtype)
+                dec_gpu = pycomm._C.decode(enc_gpu, codec, block, n, dtype)
+                assert _same_bits(dec_cpu, dec_gpu), (codec, dtype, block, n, "decode")
+                assert _same_bits(pycomm.quantize(x, codec, block=block), pycomm.quantize(x.cuda(), codec, block=block))
+
+
+def every_collective(rank, ws):
+    import pycomm
+
+    dev = torch.device("cuda", 0)
+    problems = []
+
+    def check(name, got, want):
+        if not torch.equal(got.cpu(), want.cpu()):
+            problems.append("%s: got %s, want %s" % (name, got.cpu()[:6].tolist(), want.cpu()[:6].tolist()))
+
+    n = 1 << 20
+    base = torch.arange(n, dtype=torch.float32, device=dev) % 97
+    total = sum(base * (r + 1) for r in range(ws))
+    t = base * (rank + 1)
+    dist.all_reduce(t)
+    check("all_reduce", t, total)
+    for algo in ALGORITHMS + [None]:
+        t = base * (rank + 1)
+        pycomm.all_reduce(t, algorithm=algo)
+        check("all_reduce %s" % algo, t, total)
+    small = torch.full((1000,), rank + 1.0, device=dev)
+    w = dist.all_reduce(small, async_op=True)
+    w.wait()
+    check("all_reduce async small", small, torch.full((1000,), ws * (ws + 1) / 2, device=dev))
+    out = torch.empty(n // ws, device=dev)
+    dist.reduce_scatter_tensor(out, base * (rank + 1))
+    check("reduce_scatter", out, total[rank * (n // ws):(rank + 1) * (n // ws)])
+    gathered = torch.empty(ws * 1000, device=dev)
+    dist.all_gather_into_tensor(gathered, torch.full((1000,), float(rank), device=dev))
+    check("all_gather", gathered, torch.arange(ws, device=dev).repeat_interleave(1000).float())
+    b = torch.full((777,), float(rank), device=dev)
+    dist.broadcast(b, src=ws - 1)
+    check("broadcast", b, torch.full((777,), ws - 1.0, device=dev))
+    r = torch.full((333,), rank + 1.0, device=dev)
+    dist.reduce(r, dst=0)
+    if rank == 0:
+        check("reduce", r, torch.full((333,), ws * (ws + 1) / 2, device=dev))
+    a2a = torch.arange(ws * 4, dtype=torch.float32, device=dev) + 100 * rank
+    out = torch.empty_like(a2a)
+    dist.all_to_all_single(out, a2a)
+    want = torch.cat([torch.arange(4, device=dev).float() + 4 * rank + 100 * src for src in range(ws)])
+    check("all_to_all", out, want)
+    lst = [torch.empty(5, device=dev) for _ in range(ws)]
+    dist.all_gather(lst, torch.full((5,), float(rank), device=dev))
+    check("all_gather list", torch.cat(lst), torch.arange(ws, device=dev).repeat_interleave(5).float())
+    g = [torch.empty(3, device=dev) for _ in range(ws)] if rank == 0 else None
+    dist.gather(torch.full((3,), float(rank), device=dev), g, dst=0)
+    if rank == 0:
+        check("gather", torch.cat(g), torch.arange(ws, device=dev).repeat_interleave(3).float())
+    s = torch.empty(3, device=dev)
+    dist.scatter(s, [torch.full((3,), float(i), device=dev) for i in range(ws)] if rank == 0 else None, src=0)
+    check("scatter", s, torch.full((3,), float(rank), device=dev))
+    if rank in (0, 1):
+        p = torch.full((10,), 5.0, device=dev) if rank == 0 else torch.zeros(10, device=dev)
+        (dist.send if rank == 0 else dist.recv)(p, 1 - rank)
+        check("send/recv", p, torch.full((10,), 5.0, device=dev))
+    dist.barrier()
+    # Stream semantics: the input is written by a slow kernel on the caller's stream.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(n, device=dev)
+        torch.cuda._sleep(50_000_000)  # ~20+ ms of GPU time before the write below
+        x.fill_(rank + 1.0)
+        w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    torch.cuda.current_stream().wait_stream(side)
+    check("stream order", x, torch.full((n,), ws * (ws + 1) / 2, device=dev))
+    return problems
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_every_collective_on_cuda(ws):
+    for problems in run_world(every_collective, ws, timeout=240):
+        assert not problems, problems
+
+
+def gpu_equals_cpu(rank, ws, cases):
+    import pycomm
+
+    problems = []
+    for dtype, op, mode, codec in cases:
+        x = _data(50021, dtype, 7 + rank, specials=op != "PRODUCT")
+        if op == "PRODUCT":
+            x = 1 + 0.01 * x.clamp(-1, 1)
+        for algo in ALGORITHMS:
+            cpu, gpu = x.clone(), x.cuda()
+            pycomm.all_reduce(cpu, _op(op), algorithm=algo, deterministic=mode, compression=codec)
+            pycomm.all_reduce(gpu, _op(op), algorithm=algo, deterministic=mode, compression=codec)
+            if not _same_bits(cpu, gpu):
+                problems.append("%s %s %s %s %s: GPU and CPU bits differ" % (dtype, op, mode, codec, algo))
+    for mode in (True, "exact"):  # reduce-scatter and all-gather, compressed too
+        for codec in (None, "fp8_e4m3"):
+            x = _data(4096 * ws, torch.float32, 99 + rank)
+            outs = []
+            for dev in ("cpu", "cuda"):
+                o = torch.empty(4096, device=dev)
+                pycomm.reduce_scatter_tensor(o, x.to(dev), deterministic=mode, compression=codec)
+                g = torch.empty(4096 * ws, device=dev)
+                pycomm.all_gather_into_tensor(g, o, compression=codec)
+                outs.append(g)
+            if not _same_bits(*outs):
+                problems.append("reduce_scatter + all_gather %s %s: GPU and CPU bits differ" % (mode, codec))
+    return problems
+
+
+BIT_CASES = [(dt, op, mode, None) for dt in FLOATS for op in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
+             for mode in (True, "exact")] + \
+            [(torch.float32, "SUM", mode, c) for mode in (True, "exact") for c in CODECS] + \
+            [(torch.bfloat16, "SUM", "exact", "fp8_e4m3")]
+
+
+@pytest.mark.parametrize("ws,env", [
+    (2, {}),
+    (4, {}),
+    (4, {"PYCOMM_RANKS_PER_NODE": "2"}),           # hierarchical across 2 nodes of 2
+    (3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_CUDA_CHUNK_BYTES": "65536"}),  # staged, small chunks
+], ids=["ws2", "ws4", "2x2", "staged-tcp"])
+def test_gpu_bits_equal_cpu_bits(ws, env):
+    for problems in run_world(gpu_equals_cpu, ws, args=(BIT_CASES,), env=env, timeout=400):
+        assert not problems, problems
