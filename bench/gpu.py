@@ -30,18 +30,7 @@ import torch.multiprocessing as mp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-
-def parse_size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def human(n):
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return "%d %s" % (n >> shift, unit)
-    return "%d B" % n
+from pycomm.bench.config import format_bytes, parse_size_list  # noqa: E402
 
 
 def timed(fn, iters, warmup=3):
@@ -155,7 +144,7 @@ def main():
     ap.add_argument("--skip-kernels", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = parse_size_list(args.sizes)
     env = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
            "host": platform.node(), "cpus": os.cpu_count()}
     print("device: %(device)s, torch %(torch)s, CUDA %(cuda)s, %(cpus)d CPUs" % env)
@@ -184,7 +173,7 @@ def main():
     print("%-26s %5s %9s %12s %12s %9s %4s" % ("backend", "ranks", "size", "time us", "busbw GB/s", "x gloo", "ok"))
     for r in rows:
         print("%-26s %5d %9s %12.1f %12.2f %9s %4s" % (
-            r["backend"], r["ranks"], human(r["bytes"]), r["seconds"] * 1e6, r["busbw_GBps"],
+            r["backend"], r["ranks"], format_bytes(r["bytes"]), r["seconds"] * 1e6, r["busbw_GBps"],
             "%.1f" % r["x_gloo"] if r["x_gloo"] else "-", "yes" if r["ok"] else "NO"))
 
 

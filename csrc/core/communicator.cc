@@ -329,11 +329,7 @@ Selection Communicator::select(const Request& rq) const {
   in.determinism = rq.options.determinism;
   in.chunk_bytes = chunk_bytes_;
   in.costs = costs_;
-  // Device memory within one host: every step costs a device synchronization, so the
-  // direct algorithms, with the fewest steps, are the choice at every size.
-  if (rq.device >= 0 && topology_.nodes.size() == 1 && rq.options.algorithm == Algorithm::Auto)
-    return Selection{rq.collective == Collective::AllReduce && in.bytes > kDeviceOneShotBytes ? Algorithm::TwoShot
-                                                                                              : Algorithm::OneShot, ""};
+  in.device_memory = rq.device >= 0;
   return select_algorithm(in);
 }
 

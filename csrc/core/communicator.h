@@ -66,8 +66,6 @@ class Communicator {
   struct DevicePath;
   DevicePath& device_path(int device);
   void abort_transports(const std::string& reason) const;  // host and device, any thread
-  // Device all-reduces up to this size run oneshot within a host (see select()).
-  static constexpr size_t kDeviceOneShotBytes = 256 << 10;
 
   int rank_, size_;
   std::string group_name_;

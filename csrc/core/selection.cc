@@ -137,6 +137,10 @@ Selection select_algorithm(const SelectionInput& in) {
       return s;
     }
     s.fallback = std::string(name_of(in.requested)) + " cannot serve this call (" + why + ")";
+  } else if (in.device_memory && in.topology->nodes.size() == 1) {
+    const bool twoshot = in.collective == Collective::AllReduce && in.bytes > kDeviceOneShotBytes;
+    s.algorithm = twoshot ? Algorithm::TwoShot : Algorithm::OneShot;
+    return s;
   }
   double best = INFINITY;
   for (Algorithm a : {Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {

@@ -33,6 +33,7 @@ struct SelectionInput {
   Determinism determinism = Determinism::Default;
   size_t chunk_bytes = 1 << 18;
   LinkCosts costs;
+  bool device_memory = false;  // the buffers are in GPU memory (see select_algorithm)
 };
 
 struct Selection {
@@ -50,6 +51,11 @@ double predicted_us(Algorithm a, const SelectionInput& in);
 
 // The requested algorithm where it serves the request, else the cheapest by
 // predicted_us among those that do (ties: two-shot, one-shot, ring, tree, hierarchical).
+// Automatic choice for device memory within one node: every step costs a device
+// synchronization, so the direct algorithms, with the fewest steps, win at every size:
+// all-reduce oneshot up to kDeviceOneShotBytes and twoshot above, reduce-scatter and
+// all-gather oneshot.
+constexpr size_t kDeviceOneShotBytes = 256 << 10;
 Selection select_algorithm(const SelectionInput& in);
 
 }  // namespace pycomm

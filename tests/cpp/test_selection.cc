@@ -134,8 +134,32 @@ static void test_deterministic_modes() {
   CHECK(serves(Algorithm::Ring, Collective::AllReduce, uniform(2, 2), nullptr, Determinism::Exact), "ring serves");
 }
 
+// Device memory on one node: the direct algorithms at every size; requests still rule,
+// and several nodes go by the cost model.
+static void test_device_memory() {
+  const Topology one = uniform(1, 4), two = uniform(2, 2);
+  for (size_t bytes : {size_t{4} << 10, kDeviceOneShotBytes, size_t{64} << 20}) {
+    SelectionInput in = input(one, bytes);
+    in.device_memory = true;
+    const Algorithm want = bytes > kDeviceOneShotBytes ? Algorithm::TwoShot : Algorithm::OneShot;
+    CHECK(select_algorithm(in).algorithm == want, "device all-reduce of %zu B: %s", bytes, chosen(in));
+    for (Collective c : {Collective::ReduceScatter, Collective::AllGather}) {
+      in.collective = c;
+      CHECK(select_algorithm(in).algorithm == Algorithm::OneShot, "device %s: %s", name_of(c), chosen(in));
+    }
+  }
+  SelectionInput ring = input(one, 64 << 20, Collective::AllReduce, Algorithm::Ring);
+  ring.device_memory = true;
+  CHECK(select_algorithm(ring).algorithm == Algorithm::Ring, "device: a requested ring runs");
+  SelectionInput nodes = input(two, 64 << 20);
+  SelectionInput host = nodes;
+  nodes.device_memory = true;
+  CHECK(select_algorithm(nodes).algorithm == select_algorithm(host).algorithm, "device on 2 nodes: the cost model");
+}
+
 int main() {
   test_requested_algorithm_is_honoured_where_it_serves();
+  test_device_memory();
   test_deterministic_modes();
   test_fallback_says_why();
   test_auto_choices();
