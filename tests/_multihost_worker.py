@@ -153,8 +153,10 @@ def main():
 
     dist.barrier()
     dist.destroy_process_group()
-    print("OK rank=%d world=%d host=%s" % (rank, n, os.environ.get("PYCOMM_SOCKET_IFNAME", "?")),
-          flush=True)
+    # One write of the whole line: the ranks of a host share one output file, and print()
+    # on an unbuffered stream writes the text and its newline separately.
+    os.write(1, ("OK rank=%d world=%d host=%s\n"
+                 % (rank, n, os.environ.get("PYCOMM_SOCKET_IFNAME", "?"))).encode())
     return 0
 
 
