@@ -6,6 +6,7 @@ changes. The direct API below runs the same collectives with per-call options.
 """
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from . import _C
 
 __all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp",
+           "stats", "flight_recorder", "dump_flight_recorder",
            "CODECS", "encode", "decode", "quantize", "compression_error"]
 
 ReduceOp = dist.ReduceOp
@@ -38,13 +40,13 @@ def knobs():
     return [tuple(k) for k in _C.knobs()]
 
 
-def _backend_of(group, tensor: torch.Tensor):
+def _backend_of(group, device):
     pg = group if group is not None else dist.GroupMember.WORLD
     if pg is None:
         pg = dist.distributed_c10d._get_default_group()  # raises torch's "not initialized"
-    backend = pg._get_backend(tensor.device)
+    backend = pg._get_backend(torch.device(device))
     if not isinstance(backend, _C.ProcessGroupPycomm):
-        raise ValueError(f"pycomm: the group's backend for {tensor.device} is not pycomm")
+        raise ValueError(f"pycomm: the group's backend for {device} is not pycomm")
     return backend
 
 
@@ -74,7 +76,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
     """In-place all-reduce of ``tensor`` like ``dist.all_reduce``, with per-call options:
     ``algorithm`` (auto|ring|...), ``compression`` (none|fp16|...), ``deterministic``
     (False|True|"exact"); None takes the group's setting from the environment."""
-    work = _backend_of(group, tensor)._all_reduce(
+    work = _backend_of(group, tensor.device)._all_reduce(
         tensor, op, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
 
@@ -82,7 +84,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorithm=None,
                           compression=None, deterministic=None, async_op=False):
     """Like ``dist.reduce_scatter_tensor``, with the per-call options of :func:`all_reduce`."""
-    work = _backend_of(group, input)._reduce_scatter_tensor(
+    work = _backend_of(group, input.device)._reduce_scatter_tensor(
         output, input, op, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
 
@@ -90,9 +92,35 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorit
 def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compression=None,
                            deterministic=None, async_op=False):
     """Like ``dist.all_gather_into_tensor``, with the per-call options of :func:`all_reduce`."""
-    work = _backend_of(group, input)._all_gather_into_tensor(
+    work = _backend_of(group, input.device)._all_gather_into_tensor(
         output, input, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
+
+
+# ---- observability ----
+
+def stats(group=None):
+    """This rank's counters of the group's operations: ``{"group", "rank", "size",
+    "collectives": {collective: {algorithm: {"calls", "failures", "bytes", "time_s"}}},
+    "last": <the last operation ended, as a flight-recorder entry, or None>}``. ``bytes``
+    counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
+    (from their start on the group's thread to their end, queueing excluded)."""
+    return json.loads(_backend_of(group, "cpu")._stats_json())
+
+
+def flight_recorder(group=None):
+    """This rank's flight recorder of the group: its last PYCOMM_FLIGHT_RECORDER operations,
+    oldest first, each with its fingerprint (collective, seq, dtype, count, reduce op,
+    root or tag, algorithm, compression, determinism), state (running, completed, failed),
+    start time (``start_unix_us``) and ``duration_us`` (so far, when running). The same
+    document is written to a file when an operation fails or times out."""
+    return json.loads(_backend_of(group, "cpu")._flight_recorder_json())
+
+
+def dump_flight_recorder(group=None, path=None):
+    """Writes :func:`flight_recorder` as JSON to ``path`` (default: this rank's file in
+    PYCOMM_FLIGHT_RECORDER_DIR) and returns the path."""
+    return _backend_of(group, "cpu")._dump_flight_recorder(path or "")
 
 
 # ---- compression codecs (the same block code the collectives run) ----

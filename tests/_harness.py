@@ -76,6 +76,22 @@ def group_timeout():
     return datetime.timedelta(seconds=WORLD["pg_timeout_s"])
 
 
+def capture_stderr(fn):
+    """Runs ``fn()`` with file descriptor 2 redirected to a file (pycomm's C++ core logs
+    there, below Python's sys.stderr); returns (fn's result, what was written)."""
+    with tempfile.TemporaryFile() as capture:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        return result, capture.read().decode()
+
+
 def _child(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
            pg_timeout_s, stack_path, conn):
     # Python stacks of every thread on SIGUSR1: the parent asks for them before killing a

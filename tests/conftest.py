@@ -69,6 +69,13 @@ def no_leaked_shm():
                     pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def flight_recorder_files(tmp_path_factory):
+    """Flight recorders that fault tests make ranks write go to pytest's temp directory,
+    not the system's."""
+    os.environ.setdefault("PYCOMM_FLIGHT_RECORDER_DIR", str(tmp_path_factory.mktemp("flight-recorder")))
+
+
 @pytest.fixture
 def shm_guard():
     """Per-test version, for tests that crash or kill ranks: pins a leak on the test."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import is_gloo, run_world
+from _harness import capture_stderr, is_gloo, run_world
 from _values import (DTYPES, FLOATING, check_avg, check_equal, int_valued, ops_for,
                      random_float, red_op, reduce_exact, seed_of)
 
@@ -115,19 +115,8 @@ def test_every_algorithm(world):
 
 def _choice_lines(calls):
     """Runs calls() and returns the INFO lines pycomm wrote to stderr about collectives."""
-    import os
-    import tempfile
-
-    with tempfile.TemporaryFile() as capture:
-        saved = os.dup(2)
-        os.dup2(capture.fileno(), 2)
-        try:
-            calls()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        capture.seek(0)
-        return [line for line in capture.read().decode().splitlines() if "allreduce #" in line]
+    _, text = capture_stderr(calls)
+    return [line for line in text.splitlines() if "allreduce #" in line]
 
 
 def info_log_world(rank, ws):
@@ -149,8 +138,8 @@ def test_info_log_names_each_choice_and_fallback():
     logs = run_world(info_log_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=120)
     lines = logs[0]
     assert len(lines) == 3, lines
-    assert lines[0].endswith(": selected"), lines[0]
-    assert "tree): requested" in lines[1], lines[1]
+    assert "(float32, sum, 1000 elements, " in lines[0] and "): selected, 4000 B, " in lines[0], lines[0]
+    assert "tree): requested, 4000 B, algorithm tree, " in lines[1], lines[1]
     assert "hierarchical cannot serve this call (hierarchical needs more than one node), using " in lines[2], lines[2]
     assert logs[1] == [], "one line per collective, from rank 0 only: %s" % logs[1]
 

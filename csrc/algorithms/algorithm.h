@@ -20,6 +20,12 @@
 
 namespace pycomm {
 
+// PYCOMM_DEBUG=TRACE: a log line for each frame a rank sends or receives.
+struct FrameTrace {
+  std::string prefix;  // "pycomm: group 'g' rank r: "
+  void frame(const OpStamp& op, bool sent, int group_peer, size_t bytes) const;
+};
+
 // One operation, as validated by the caller. Counts are in elements of `dtype`.
 struct Request {
   Collective collective = Collective::AllReduce;
@@ -57,6 +63,7 @@ struct Context {
   // algorithm whose helper thread must not outlive a failure of the calling thread.
   std::function<void(const std::string&)> abort;
   const Perturbation* perturb = nullptr;  // test hook (PYCOMM_TEST_PERTURB); null: none
+  const FrameTrace* trace = nullptr;      // PYCOMM_DEBUG=TRACE; null: off
   Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
@@ -103,6 +110,7 @@ void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
   h.bytes = static_cast<uint32_t>(bytes);
   h.op = cx.stamp;
   ch.end_send(h);
+  if (cx.trace) cx.trace->frame(cx.stamp, true, cx.group_rank(peer), bytes);
 }
 
 // The payload of the next frame from `peer`, readable in place until end_recv_frame();
@@ -111,7 +119,9 @@ inline const void* begin_recv_frame(const Context& cx, int peer, size_t bytes) {
   FrameHeader expect;
   expect.bytes = static_cast<uint32_t>(bytes);
   expect.op = cx.stamp;
-  return cx.to(peer).begin_recv(expect, cx.deadline);
+  const void* payload = cx.to(peer).begin_recv(expect, cx.deadline);
+  if (cx.trace) cx.trace->frame(cx.stamp, false, cx.group_rank(peer), bytes);
+  return payload;
 }
 inline void end_recv_frame(const Context& cx, int peer) { cx.to(peer).end_recv(); }
 

@@ -1,8 +1,14 @@
 #include <algorithm>
 
 #include "algorithms/algorithm.h"
+#include "core/config.h"
 
 namespace pycomm {
+
+void FrameTrace::frame(const OpStamp& op, bool sent, int group_peer, size_t bytes) const {
+  log_line(prefix + describe(op) + (sent ? ": sent " : ": received ") + std::to_string(bytes) + " B " +
+           (sent ? "to" : "from") + " rank " + std::to_string(group_peer));
+}
 
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes) {
   const auto* p = static_cast<const char*>(data);

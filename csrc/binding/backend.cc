@@ -1,6 +1,7 @@
 #include "binding/backend.h"
 
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
@@ -148,6 +149,25 @@ void ProcessGroupPycomm::setTimeout(std::chrono::milliseconds timeout) {
   engine_->submit([this, timeout] { comm_->set_timeout(timeout); });
 }
 
+std::string ProcessGroupPycomm::stats_json() const {
+  TORCH_CHECK_VALUE(comm_, "pycomm: stats of a group that was shut down");
+  return comm_->stats_json();
+}
+
+std::string ProcessGroupPycomm::flight_recorder_json() const {
+  TORCH_CHECK_VALUE(comm_, "pycomm: flight recorder of a group that was shut down");
+  return comm_->flight_recorder_json("requested");
+}
+
+std::string ProcessGroupPycomm::dump_flight_recorder(const std::string& path) const {
+  TORCH_CHECK_VALUE(comm_, "pycomm: flight recorder of a group that was shut down");
+  try {
+    return comm_->dump_flight_recorder("requested", path);
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+}
+
 void ProcessGroupPycomm::abort() {
   if (comm_) comm_->abort("pycomm: group aborted by the application");
 }
@@ -217,6 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   validate(l, title);
   const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
+  if (!l.requests.empty()) work->choices = comm_->choices(l.requests.front());
   auto job = std::make_shared<Launch>(std::move(l));
   auto task = [this, work, job] {
     try {
@@ -241,7 +262,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch_direct(c10d::OpType ty
   if (blocking) {
     validate(l, title);
     try {
-      if (engine_->try_run([&] { run(l); })) return {};
+      // A Work records its operation's profiler range (c10d::Work with a title); an
+      // operation run here has no Work, so it records its own.
+      if (engine_->try_run([&] {
+            RECORD_FUNCTION(title, std::vector<c10::IValue>());
+            run(l);
+          }))
+        return {};
     } catch (const Error& e) {
       rethrow_for_torch(e);
     }

@@ -28,6 +28,8 @@ class PycommWork final : public c10d::Work {
   // Completes the work (and its future, if any) with success or `error`; called once, by
   // the engine.
   void complete(std::exception_ptr error);
+  // What runs the work's (first) operation: set at launch, before the Work is returned.
+  Communicator::Choices choices;
 
  private:
   void settle(c10::ivalue::Future& future) const;  // marks it as this work ended
@@ -103,6 +105,10 @@ class ProcessGroupPycomm final : public c10d::Backend {
   CallOptions call_options(Collective c, const std::string& algorithm, const std::string& compression,
                            const std::string& determinism) const;
   std::string describe_transports() const { return comm_->describe_transports(); }
+  // pycomm.stats() and the flight recorder (JSON texts, see core/recorder.h).
+  std::string stats_json() const;
+  std::string flight_recorder_json() const;
+  std::string dump_flight_recorder(const std::string& path) const;
 
  private:
   Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout) const;

@@ -46,7 +46,18 @@ PYBIND11_MODULE(_C, m) {
              return pg.all_gather_with(out, in, pg.call_options(pycomm::Collective::AllGather, a, c, d), blocking);
            },
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports);
+      .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports)
+      .def("_stats_json", &ProcessGroupPycomm::stats_json)
+      .def("_flight_recorder_json", &ProcessGroupPycomm::flight_recorder_json)
+      .def("_dump_flight_recorder", &ProcessGroupPycomm::dump_flight_recorder, py::arg("path"),
+           py::call_guard<py::gil_scoped_release>());
+
+  // The Work of every pycomm operation; pybind11 returns it as this subclass of torch's
+  // Work, so torch.distributed's callers see a Work and pycomm's also what ran.
+  py::class_<pycomm::PycommWork, c10d::Work, c10::intrusive_ptr<pycomm::PycommWork>>(m, "Work")
+      .def_property_readonly("algorithm", [](const pycomm::PycommWork& w) { return w.choices.algorithm; })
+      .def_property_readonly("compression", [](const pycomm::PycommWork& w) { return w.choices.compression; })
+      .def_property_readonly("determinism", [](const pycomm::PycommWork& w) { return w.choices.determinism; });
 
   m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"),
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());

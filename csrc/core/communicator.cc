@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <iomanip>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -72,12 +74,6 @@ std::string wire_config(const Config& c) {
   return os.str();
 }
 
-// One write per line, so that lines of concurrent ranks and threads do not interleave.
-void log_line(const std::string& line) {
-  const std::string out = line + "\n";
-  ssize_t ignored = write(STDERR_FILENO, out.data(), out.size());
-  (void)ignored;
-}
 
 int cores_available() {
   cpu_set_t set;
@@ -90,7 +86,8 @@ int cores_available() {
 Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
                            std::chrono::milliseconds timeout, Config config)
     : rank_(rank), size_(size), group_name_(std::move(group_name)), store_(&store), timeout_(timeout),
-      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0) {
+      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0),
+      recorder_(config_.flight_recorder_entries) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
   // Distinct instances of a group that reuse one store (re-initialisation in the same
@@ -101,6 +98,8 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   Perturbation::Spec perturbation;
   if (Perturbation::parse(config_.test_perturb, rank_, perturbation))
     perturb_ = std::make_unique<Perturbation>(perturbation, rank_);
+  if (config_.log_level >= LogLevel::Trace)
+    frame_trace_.reset(new FrameTrace{"pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": "});
   connect(store, prefix);
 }
 
@@ -315,6 +314,7 @@ Context Communicator::context() const {
   // Transports only: the caller's failure then poisons the group with the full story.
   cx.abort = [this](const std::string& reason) { abort_transports(reason); };
   cx.perturb = perturb_.get();
+  cx.trace = frame_trace_.get();
   cx.workspace = &workspace_;
   return cx;
 }
@@ -380,8 +380,9 @@ void Communicator::validate(Request& rq) const {
   }
 }
 
-OpStamp Communicator::stamp_for(const Request& rq) {
+OpStamp Communicator::stamp_for(const Request& rq, const Selection& chosen) {
   OpStamp s;
+  s.algorithm = static_cast<uint8_t>(chosen.algorithm);
   s.count = rq.count;
   s.dtype = static_cast<uint8_t>(rq.dtype);
   s.reduce = static_cast<uint8_t>(rq.reduction.kind);
@@ -401,25 +402,80 @@ OpStamp Communicator::stamp_for(const Request& rq) {
   return s;
 }
 
+namespace {
+
+bool selects_algorithm(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather;
+}
+
+// S of an operation as nccl-tests counts it: the whole array (per-rank counts times ranks).
+uint64_t operation_bytes(const Request& rq, int size) {
+  const uint64_t es = element_size(rq.dtype);
+  switch (rq.collective) {
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+    case Collective::Gather:
+    case Collective::Scatter: return rq.count * es * static_cast<uint64_t>(size);
+    case Collective::AllToAll: {
+      uint64_t n = 0;
+      for (size_t c : rq.send_counts) n += c;
+      return n * es;
+    }
+    case Collective::Barrier: return 0;
+    default: return rq.count * es;
+  }
+}
+
+}  // namespace
+
+Communicator::Choices Communicator::choices(const Request& rq) const {
+  OpStamp s;
+  s.collective = static_cast<uint8_t>(rq.collective);
+  s.algorithm = static_cast<uint8_t>(selects_algorithm(rq.collective) ? select(rq).algorithm : Algorithm::Auto);
+  return {algorithm_label(s), name_of(rq.options.compression), name_of(rq.options.determinism)};
+}
+
+std::string Communicator::operation_line(const OpStamp& stamp) const {
+  return "pycomm: group '" + group_name_ + "': " + describe(stamp);
+}
+
+std::string Communicator::stats_json() const {
+  return recorder_.stats_json({group_name_, rank_, size_});
+}
+
+std::string Communicator::flight_recorder_json(const std::string& reason) const {
+  return recorder_.dump_json({group_name_, rank_, size_}, reason);
+}
+
+std::string Communicator::dump_flight_recorder(const std::string& reason, const std::string& path) const {
+  std::string file = path;
+  if (file.empty()) {
+    std::string group = group_name_;  // a file name: keep [A-Za-z0-9_.-]
+    for (char& c : group)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
+    file = config_.flight_recorder_dir + "/pycomm-flight-recorder-" + group + "-rank" + std::to_string(rank_) +
+           "-pid" + std::to_string(getpid()) + ".json";
+  }
+  if (!write_file_atomically(file, flight_recorder_json(reason)))
+    fail(ErrorKind::InvalidArgument, errno_message("pycomm: cannot write the flight recorder to " + file));
+  return file;
+}
+
 void Communicator::execute(const Request& rq) {
   Context cx = context();
-  cx.stamp = stamp_for(rq);
-  const bool selects = rq.collective == Collective::AllReduce || rq.collective == Collective::ReduceScatter ||
-                       rq.collective == Collective::AllGather;
-  const Selection chosen = selects ? select(rq) : Selection{};
-  cx.stamp.algorithm = static_cast<uint8_t>(selects ? chosen.algorithm : Algorithm::Auto);
+  const Selection chosen = selects_algorithm(rq.collective) ? select(rq) : Selection{Algorithm::Auto, {}};
+  cx.stamp = stamp_for(rq, chosen);
   {
     std::lock_guard<std::mutex> lock(poison_mutex_);
     if (!poison_.empty())
       fail(ErrorKind::PeerFailure, "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
                                        "' not started: the group failed earlier: " + poison_);
   }
-  if (selects && rank_ == 0 && config_.log_level >= LogLevel::Info)
-    log_line("pycomm: group '" + group_name_ + "': " + describe(cx.stamp) + ": " +
-             (chosen.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
-                                      : chosen.fallback + ", using " + name_of(chosen.algorithm)));
+  const uint64_t bytes = operation_bytes(rq, size_);
+  const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device);
   if (config_.log_level >= LogLevel::Trace)
-    log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + describe(cx.stamp));
+    log_line(operation_line(cx.stamp) + ": rank " + std::to_string(rank_) + " starts");
+  const auto started = std::chrono::steady_clock::now();
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
   const bool coded = rq.options.compression != Compression::None;
   const bool ordered = rq.options.determinism != Determinism::Default;
@@ -464,19 +520,47 @@ void Communicator::execute(const Request& rq) {
       case Collective::Barrier: dissemination_barrier(cx, rq); break;
     }
   } catch (const Error& e) {
-    const std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
-                             "' failed on rank " + std::to_string(rank_) + ": " + e.what();
-    abort(what);
+    std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ + "' failed on rank " +
+                       std::to_string(rank_) + ": " + e.what();
+    recorder_.end(record, what);
+    if (abort(what) && config_.flight_recorder_entries) {
+      // The failure that poisoned the group: its story is in the flight recorder.
+      try {
+        what += " (flight recorder: " + dump_flight_recorder(what) + ")";
+      } catch (const Error& not_written) {
+        log_line(not_written.what());
+      }
+    }
     throw Error(e.kind(), what);
+  }
+  recorder_.end(record);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+  if (config_.log_level >= LogLevel::Trace || (config_.log_level >= LogLevel::Info && rank_ == 0)) {
+    std::ostringstream line;
+    line << operation_line(cx.stamp) << ": ";
+    if (config_.log_level >= LogLevel::Trace) line << "rank " << rank_ << " ends: ";
+    if (selects_algorithm(rq.collective))
+      line << (chosen.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
+                                       : chosen.fallback + ", using " + name_of(chosen.algorithm))
+           << ", ";
+    line << bytes << " B, algorithm " << algorithm_label(cx.stamp) << ", compression "
+         << name_of(rq.options.compression) << ", determinism " << name_of(rq.options.determinism) << ", "
+         << std::fixed << std::setprecision(1) << us << " us";
+    log_line(line.str());
   }
 }
 
-void Communicator::abort(const std::string& reason) {
+bool Communicator::abort(const std::string& reason) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(poison_mutex_);
-    if (poison_.empty()) poison_ = reason;
+    if (poison_.empty()) {
+      poison_ = reason;
+      first = true;
+    }
   }
   abort_transports(reason);
+  return first;
 }
 
 void Communicator::abort_transports(const std::string& reason) const {

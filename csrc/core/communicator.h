@@ -14,6 +14,7 @@
 
 #include "algorithms/algorithm.h"
 #include "core/config.h"
+#include "core/recorder.h"
 #include "core/selection.h"
 #include "core/topology.h"
 #include "core/store.h"
@@ -44,8 +45,9 @@ class Communicator {
   // and every later call fails at once with the original cause.
   void execute(const Request& rq);
 
-  // Fails every current and future wait with `reason`; safe from any thread.
-  void abort(const std::string& reason);
+  // Fails every current and future wait with `reason`; safe from any thread. Returns
+  // true for the call that poisoned the group (the first).
+  bool abort(const std::string& reason);
 
   // "shm: ranks 1,2; tcp: rank 3", for logs and tests.
   std::string describe_transports() const;
@@ -54,11 +56,27 @@ class Communicator {
   // The algorithm this group runs `rq` with (identical on every rank).
   Selection select(const Request& rq) const;
 
+  // What runs a validated request: the algorithm (as algorithm_label() names it), the
+  // compression and the determinism level, by name. Identical on every rank.
+  struct Choices {
+    std::string algorithm, compression, determinism;
+  };
+  Choices choices(const Request& rq) const;
+
+  // The group's counters and flight recorder as JSON (see recorder.h); any thread.
+  std::string stats_json() const;
+  std::string flight_recorder_json(const std::string& reason) const;
+  // Writes the flight recorder to `path` (empty: this rank's file in
+  // PYCOMM_FLIGHT_RECORDER_DIR) and returns the path; throws when it cannot.
+  std::string dump_flight_recorder(const std::string& reason, const std::string& path = {}) const;
+
  private:
   void connect(Store& store, const std::string& prefix);
   void calibrate(Store& store, const std::string& prefix);
   Context context() const;  // for host memory
-  OpStamp stamp_for(const Request& rq);
+  OpStamp stamp_for(const Request& rq, const Selection& chosen);
+  // The stamp's operation as a log line: "group 'g': allreduce #3 (...)".
+  std::string operation_line(const OpStamp& stamp) const;
 
   // What operations on one CUDA device's memory run with: its ops, channels (CUDA IPC to
   // ranks of this host, staged through the host channels to the others) and scratch.
@@ -84,6 +102,8 @@ class Communicator {
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
+  std::unique_ptr<FrameTrace> frame_trace_;      // PYCOMM_DEBUG=TRACE; null otherwise
+  Recorder recorder_;
   mutable Workspace workspace_{cpu_ops()};      // operations run one at a time
   mutable std::mutex devices_mutex_;              // guards devices_ against abort()
   std::map<int, std::unique_ptr<DevicePath>> devices_;

@@ -40,14 +40,20 @@ struct Config {
   size_t tcp_chunk_bytes = 0;
   size_t cuda_chunk_bytes = 0;
   int pipeline_depth = 0;             // slots per channel direction
-  size_t eager_bytes = 0;
-  size_t compression_block = 0;       // elements per scale of the scaled codecs             // asynchronous collectives this small run at once
+  size_t eager_bytes = 0;             // asynchronous collectives this small run at once
+  size_t compression_block = 0;       // elements per scale of the scaled codecs
   int spin_us = -1;                   // -1: spin only when local ranks <= cores
   LogLevel log_level = LogLevel::Warn;
+  size_t flight_recorder_entries = 0; // operations kept per group
+  std::string flight_recorder_dir;    // where its files go (never empty)
   std::string test_perturb;           // PYCOMM_TEST_PERTURB (tests only)
 
   // Reads every knob from the environment; a malformed value is an InvalidArgument error.
   static Config from_env();
 };
+
+// Writes `line` and a newline to stderr in one write, so that the lines of concurrent
+// ranks and threads do not interleave.
+void log_line(const std::string& line);
 
 }  // namespace pycomm

@@ -149,4 +149,13 @@ Determinism parse_determinism(const std::string& s) {
   return parse_enum(s, "determinism", table);
 }
 
+const char* name_of(Determinism d) {
+  switch (d) {
+    case Determinism::Default: return "0";
+    case Determinism::Ordered: return "1";
+    case Determinism::Exact: return "exact";
+  }
+  return "?";
+}
+
 }  // namespace pycomm

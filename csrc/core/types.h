@@ -58,5 +58,6 @@ const char* name_of(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);
 Compression parse_compression(const std::string& s);
 Determinism parse_determinism(const std::string& s);
+const char* name_of(Determinism d);  // "0", "1", "exact": what PYCOMM_DETERMINISTIC takes
 
 }  // namespace pycomm

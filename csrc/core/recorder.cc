@@ -1,0 +1,198 @@
+#include "core/recorder.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+namespace pycomm {
+
+namespace {
+
+void json_string(std::ostream& os, const std::string& s) {
+  os << '"';
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      os << '\\' << c;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      os << buf;
+    } else {
+      os << c;
+    }
+  }
+  os << '"';
+}
+
+const char* state_name(OpState s) {
+  switch (s) {
+    case OpState::Running: return "running";
+    case OpState::Completed: return "completed";
+    case OpState::Failed: return "failed";
+  }
+  return "?";
+}
+
+bool reduces(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+
+bool rooted(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
+         c == Collective::Scatter;
+}
+
+void record_json(std::ostream& os, const OpRecord& r, std::chrono::steady_clock::time_point now) {
+  const OpStamp& s = r.stamp;
+  const auto c = static_cast<Collective>(s.collective);
+  const double us = r.state == OpState::Running
+                        ? std::chrono::duration<double, std::micro>(now - r.start).count()
+                        : r.duration_us;
+  os << "{\"id\": " << r.id << ", \"collective\": \"" << name_of(c) << "\", \"seq\": " << s.seq
+     << ", \"dtype\": \"" << name_of(static_cast<DataType>(s.dtype)) << "\", \"count\": " << s.count
+     << ", \"bytes\": " << r.bytes;
+  if (reduces(c)) os << ", \"reduce_op\": \"" << name_of(static_cast<ReduceKind>(s.reduce)) << '"';
+  if (rooted(c)) os << ", \"root\": " << s.root;
+  if (c == Collective::Send || c == Collective::Recv) os << ", \"tag\": " << s.root;
+  os << ", \"algorithm\": \"" << algorithm_label(s) << "\", \"compression\": \""
+     << name_of(static_cast<Compression>(s.compression)) << '"';
+  if (s.compression) os << ", \"compression_block\": " << (uint64_t{1} << s.compression_block);
+  os << ", \"determinism\": \"" << name_of(static_cast<Determinism>(s.determinism)) << "\", \"device\": \""
+     << (r.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(r.device)) << "\", \"state\": \""
+     << state_name(r.state) << "\", \"start_unix_us\": " << r.start_unix_us << ", \"duration_us\": " << us;
+  if (r.state == OpState::Failed) {
+    os << ", \"error\": ";
+    json_string(os, r.error);
+  }
+  os << '}';
+}
+
+void who_json(std::ostream& os, const Recorder::Who& who) {
+  os << "\"group\": ";
+  json_string(os, who.group);
+  os << ", \"rank\": " << who.rank << ", \"size\": " << who.size;
+}
+
+int64_t unix_us_now() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const char* algorithm_label(const OpStamp& stamp) {
+  const auto a = static_cast<Algorithm>(stamp.algorithm);
+  if (a != Algorithm::Auto) return name_of(a);
+  switch (static_cast<Collective>(stamp.collective)) {
+    case Collective::Broadcast:
+    case Collective::Reduce: return "chain";
+    case Collective::Gather:
+    case Collective::Scatter: return "direct";
+    case Collective::AllToAll: return "pairwise";
+    case Collective::Send:
+    case Collective::Recv: return "p2p";
+    case Collective::Barrier: return "dissemination";
+    default: return "auto";
+  }
+}
+
+uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device) {
+  OpRecord r;
+  r.stamp = stamp;
+  r.bytes = bytes;
+  r.device = device;
+  r.start_unix_us = unix_us_now();
+  r.start = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  r.id = ++next_id_;
+  if (capacity_) {
+    if (recent_.size() == capacity_) recent_.pop_front();
+    recent_.push_back(r);
+  }
+  running_.emplace(r.id, std::move(r));
+  return next_id_;
+}
+
+void Recorder::end(uint64_t id, const std::string& error) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = running_.find(id);
+  if (it == running_.end()) return;
+  OpRecord& r = it->second;
+  r.state = error.empty() ? OpState::Completed : OpState::Failed;
+  r.duration_us = std::chrono::duration<double, std::micro>(now - r.start).count();
+  r.error = error;
+  OpTotals& t = totals_[{r.stamp.collective, algorithm_label(r.stamp)}];
+  ++t.calls;
+  t.failures += error.empty() ? 0 : 1;
+  t.bytes += r.bytes;
+  t.seconds += r.duration_us * 1e-6;
+  // Usually the newest entry; concurrent p2p lanes may have begun others since.
+  for (auto e = recent_.rbegin(); e != recent_.rend() && e->id >= id; ++e)
+    if (e->id == id) *e = r;
+  last_ = std::move(r);
+  running_.erase(it);
+}
+
+std::string Recorder::stats_json(const Who& who) const {
+  std::ostringstream os;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  os << '{';
+  who_json(os, who);
+  os << ", \"collectives\": {";
+  int open_collective = -1;
+  for (const auto& [key, t] : totals_) {
+    if (key.first != open_collective) {
+      os << (open_collective < 0 ? "" : "}, ") << '"' << name_of(static_cast<Collective>(key.first)) << "\": {";
+      open_collective = key.first;
+    } else {
+      os << ", ";
+    }
+    os << '"' << key.second << "\": {\"calls\": " << t.calls << ", \"failures\": " << t.failures
+       << ", \"bytes\": " << t.bytes << ", \"time_s\": " << t.seconds << '}';
+  }
+  os << (open_collective < 0 ? "" : "}") << "}, \"last\": ";
+  if (last_.id) record_json(os, last_, now);
+  else os << "null";
+  os << '}';
+  return os.str();
+}
+
+std::string Recorder::dump_json(const Who& who, const std::string& reason) const {
+  std::ostringstream os;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  os << "{\"format\": \"pycomm.flight_recorder/1\", ";
+  who_json(os, who);
+  os << ", \"pid\": " << getpid() << ", \"host\": ";
+  json_string(os, host);
+  os << ", \"reason\": ";
+  json_string(os, reason);
+  os << ", \"dumped_unix_us\": " << unix_us_now() << ", \"capacity\": " << capacity_ << ", \"entries\": [";
+  bool first = true;
+  for (const OpRecord& r : recent_) {
+    os << (first ? "\n  " : ",\n  ");
+    first = false;
+    record_json(os, r, now);
+  }
+  os << "]}\n";
+  return os.str();
+}
+
+bool write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp" + std::to_string(getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return false;
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace pycomm

@@ -1,0 +1,80 @@
+// What a group remembers of its own operations, for people looking at a live or failed
+// job: counters per collective and algorithm (pycomm.stats), and a flight recorder of the
+// last operations with their state and times, written out as JSON on demand and when an
+// operation fails (a timeout included), so that the ranks' files show which operation each
+// rank was in and which ranks never reached it.
+//
+// Thread-safe: the group's worker thread records, any thread reads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "core/transport.h"
+
+namespace pycomm {
+
+enum class OpState : uint8_t { Running, Completed, Failed };
+
+struct OpRecord {
+  uint64_t id = 0;          // 1, 2, ... over every operation of the group on this rank
+  OpStamp stamp;            // the fingerprint every frame of the operation carries
+  uint64_t bytes = 0;       // S of the operation (nccl-tests convention: the whole array)
+  int device = -1;          // CUDA device of its tensors; -1: host memory
+  OpState state = OpState::Running;
+  int64_t start_unix_us = 0;                   // wall clock, comparable across ranks
+  std::chrono::steady_clock::time_point start; // for durations
+  double duration_us = 0;   // Completed/Failed: how long it ran
+  std::string error;        // Failed: the error
+};
+
+struct OpTotals {
+  uint64_t calls = 0, failures = 0, bytes = 0;
+  double seconds = 0;
+};
+
+// "ring", "tree", ... for the operations that choose; for the others the name of the one
+// algorithm that runs them ("chain", "direct", "pairwise", "p2p", "dissemination").
+const char* algorithm_label(const OpStamp& stamp);
+
+class Recorder {
+ public:
+  // Keeps the last `capacity` operations (0: none; counters are always kept).
+  explicit Recorder(size_t capacity) : capacity_(capacity) {}
+
+  uint64_t begin(const OpStamp& stamp, uint64_t bytes, int device);
+  // Ends operation `id`: completed when `error` is empty, else failed.
+  void end(uint64_t id, const std::string& error = {});
+
+  // JSON texts (UTF-8 objects). `who` names the group and rank: {"group", "rank", "size"}.
+  struct Who {
+    std::string group;
+    int rank = 0, size = 0;
+  };
+  // {"group", "rank", "size", "collectives": {collective: {algorithm: {calls, failures,
+  // bytes, time_s}}}, "last": the last operation ended, or null}.
+  std::string stats_json(const Who& who) const;
+  // {"format": "pycomm.flight_recorder/1", "group", "rank", "size", "pid", "host",
+  //  "reason", "dumped_unix_us", "capacity", "entries": [record, ...]} (oldest first).
+  std::string dump_json(const Who& who, const std::string& reason) const;
+
+ private:
+  const size_t capacity_;
+  mutable std::mutex mutex_;
+  uint64_t next_id_ = 0;
+  std::deque<OpRecord> recent_;            // the last capacity_ operations begun
+  std::map<uint64_t, OpRecord> running_;   // by id: begun, not ended
+  OpRecord last_;                          // the last operation ended (id 0: none yet)
+  std::map<std::pair<int, std::string>, OpTotals> totals_;  // by (collective, algorithm)
+};
+
+// Writes `text` to `path` (through a temporary file in its directory, then renamed, so a
+// reader never sees half a dump); returns false when it could not.
+bool write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace pycomm
