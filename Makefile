@@ -9,7 +9,7 @@ SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -nam
 NVCC := $(shell command -v nvcc 2>/dev/null)
 CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
 BENCH_ARGS ?= --np 4 -b 8 -e 64M
-LATENCY_ARGS ?= --np 4 -b 8 -e 1M --mode blocking
+LATENCY_ARGS ?= --np 4 -b 8 -e 1M -f 4 -n 20 --mode blocking --collective all
 BENCH_DEPS_STAMP := $(VENV)/.bench-deps-installed
 RESULTS := bench/results
 # bench-mpi: pycomm's direct API (the subject), the same backend through torch.distributed
@@ -58,12 +58,18 @@ else
 	@echo "cuda-check: skipped ($(if $(NVCC),no CUDA sources yet,nvcc not found))"
 endif
 
-# The torch-free core's own tests: threads of one process over real shm and TCP.
+# The torch-free core's own tests: threads of one process over real shm and TCP. The core
+# is compiled once into objects that every test links.
 CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/device/*.cc)
+CORE_OBJECTS := $(patsubst csrc/%.cc,build/cpp/core/%.o,$(CORE_SOURCES))
+CORE_CXXFLAGS := -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc
 CPP_TESTS := $(patsubst tests/cpp/%.cc,build/cpp/%,$(wildcard tests/cpp/test_*.cc))
-build/cpp/%: tests/cpp/%.cc $(CORE_SOURCES) $(wildcard csrc/*/*.h tests/cpp/*.h)
-	@mkdir -p build/cpp
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc -Itests/cpp $(CORE_SOURCES) $< -o $@
+.SECONDARY: $(CORE_OBJECTS)  # kept between runs, not deleted as intermediates
+build/cpp/core/%.o: csrc/%.cc $(wildcard csrc/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CORE_CXXFLAGS) -c $< -o $@
+build/cpp/%: tests/cpp/%.cc $(CORE_OBJECTS) $(wildcard csrc/*/*.h tests/cpp/*.h)
+	$(CXX) $(CORE_CXXFLAGS) -Itests/cpp $(CORE_OBJECTS) $< -o $@
 
 core-test: $(CPP_TESTS)
 	@for t in $(CPP_TESTS); do echo "$$t"; timeout 300 $$t || exit 1; done
@@ -73,10 +79,11 @@ test: build cuda-check core-test
 	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Throughput (back-to-back calls) over the whole range, then per-call latency of small ones.
+# Throughput (back-to-back calls) over the whole range, then per-call latency of small ones
+# for every collective: bench/out/{throughput,latency}/ (run.json, run.jsonl, report.md, plots).
 bench: build
-	$(PY) -m pycomm.bench $(BENCH_ARGS)
-	$(PY) -m pycomm.bench $(LATENCY_ARGS)
+	$(PY) -m pycomm.bench $(BENCH_ARGS) --out bench/out/throughput
+	$(PY) -m pycomm.bench $(LATENCY_ARGS) --out bench/out/latency
 
 $(BENCH_DEPS_STAMP): requirements-bench.txt | $(DEPS_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt

@@ -2,24 +2,31 @@
 
 ``python -m pycomm.bench --np 4 -b 8 -e 64M`` starts 4 local ranks, creates one process
 group per backend under test in the same processes (pycomm and gloo by default; Open MPI
-through mpi4py on request), sweeps all-reduce sizes and prints, per backend, the
-nccl-tests columns (size, count, type, redop, time_us, algbw, busbw, #wrong), then a
-side-by-side comparison. See bench/README.md.
+through mpi4py, or NCCL on CUDA devices, on request), sweeps the sizes of each collective
+asked for (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all; in place and out
+of place) and prints, per backend, the nccl-tests columns (size, count, type, redop,
+time_us, algbw, busbw, #wrong) plus the relative error against a float64 reference, a hash
+of the result and the ratio to a baseline backend, then a side-by-side comparison; it can
+write JSON, JSON lines, a Markdown report and plots. See bench/README.md.
 
 Layout (each piece is written once and shared by every backend, dtype and collective):
 
-* ``cli``         flags -> :class:`~pycomm.bench.config.Config`, runs the world, prints.
+* ``cli``         flags -> :class:`~pycomm.bench.config.Config`, runs the world, prints and
+                  writes the outputs.
 * ``config``      the plain, picklable description of a run (sizes, dtypes, backends...).
-* ``backends``    the backend table (gloo, pycomm, ...) and ``label=kind:opt=val`` specs.
-* ``collectives`` one function per collective: prepares buffers, returns the callables.
-* ``timing``      iteration policy and the one timing loop (back-to-back mode).
-* ``worker``      what each rank runs: groups, the sweep, the correctness check.
+* ``backends``    the backend table (gloo, pycomm, mpi, nccl) and ``label=kind:opt=val``
+                  specs, and what each backend cannot run.
+* ``collectives`` the collective table: buffers, calls, expected results, busbw factors;
+                  the correctness check and the accuracy call.
+* ``timing``      iteration policy and the one timing loop (both modes).
+* ``worker``      what each rank runs: groups, the sweep, the checks.
 * ``launch``      starts the ranks (multiprocessing spawn, or mpirun for MPI peers),
-                  enforces the deadline, collects results or tracebacks.
+                  enforces the deadline, collects results or tracebacks; or runs this
+                  process as one of torchrun's ranks.
 * ``report``      the formatter (tables, comparison, dispatch overhead, summary) and the
-                  JSON writer.
-* ``plot``        ``python -m pycomm.bench.plot run.json -o busbw.png``: busbw against size,
-                  and the best backend per size.
+                  JSON, JSON-lines and Markdown writers.
+* ``plot``        ``python -m pycomm.bench.plot run.json -o busbw.png``: busbw (and latency)
+                  against size, and the best backend per size.
 
 Nothing here imports ``pycomm`` (the backend) at module level: a rank imports it only when a
 backend under test needs it, so ``--backends gloo`` runs without the extension.

@@ -10,13 +10,16 @@ Each spec becomes its own process group (``dist.new_group(backend=kind)``) in th
 ranks, next to the gloo default group that the harness uses for its own barriers and
 timing reductions. Without options a backend is called through ``torch.distributed``
 (what users call); with options through the module's direct API (``pycomm.all_reduce(t,
-..., algorithm=...)``), which takes the same arguments plus the options.
+..., algorithm=...)``), which takes the same arguments plus the options and exists for
+all-reduce, reduce-scatter and all-gather only.
 
-``mpi`` is not a torch.distributed backend: it calls mpi4py on the tensor's memory
-(``Allreduce``/``Iallreduce`` in place on a duplicate of MPI_COMM_WORLD), so its ranks must
-be started by mpirun (``--launcher mpirun``, chosen automatically).
+``mpi`` is not a torch.distributed backend: it calls mpi4py on the tensors' memory (on a
+duplicate of MPI_COMM_WORLD), so its ranks must be started by mpirun
+(``--launcher mpirun``, chosen automatically). ``nccl`` needs CUDA devices; each rank uses
+``cuda:<local rank % device count>``.
 
-Adding a backend is one :class:`BackendKind` row (nccl comes later, with CUDA devices).
+Adding a backend is one :class:`BackendKind` row; :func:`unsupported` tells, before
+anything starts, which (collective, placement, dtype) a row cannot run.
 """
 from __future__ import annotations
 
@@ -39,22 +42,34 @@ PYCOMM_OPTIONS = {
 PYCOMM_NEUTRAL = {("algorithm", "auto"), ("compression", "none"), ("deterministic", "0")}
 
 
+# pycomm's direct API: torch.distributed function -> the module's function with options.
+PYCOMM_DIRECT = {"all_reduce": "all_reduce", "reduce_scatter_single": "reduce_scatter_tensor",
+                 "all_gather_single": "all_gather_into_tensor"}
+
+
 @dataclass(frozen=True)
 class BackendKind:
     name: str                     # what --backends names
-    device: str                   # where its tensors live
+    device: str                   # where its tensors live ("cuda": one device per local rank)
     dist_backend: Optional[str] = None  # dist.new_group(backend=...); None: not a torch backend
     module: Optional[str] = None  # imported in the rank before the group is created
     options: Tuple[str, ...] = () # per-call options, passed to module's direct API
     neutral: frozenset = frozenset()  # options that keep the default behaviour
     launcher: Optional[str] = None    # the launcher its ranks need (None: any)
+    direct: Optional[Dict[str, str]] = None  # with options: torch.distributed name -> module's
+    dtypes: Optional[Tuple[str, ...]] = None  # None: every dtype of config.DTYPES
+    no_in_place: Tuple[str, ...] = ()         # calls it cannot run in place
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("gloo", "cpu", "gloo"),
     BackendKind("pycomm", "cpu", "pycomm", module="pycomm", options=tuple(PYCOMM_OPTIONS),
-                neutral=frozenset(PYCOMM_NEUTRAL)),
-    BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun"),
+                neutral=frozenset(PYCOMM_NEUTRAL), direct=PYCOMM_DIRECT),
+    # MPI_IN_PLACE leaves a reduce-scatter's result at the start of the buffer, not at the
+    # rank's chunk where torch's in-place form expects it.
+    BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun",
+                dtypes=("float32", "int32"), no_in_place=("reduce_scatter_single",)),
+    BackendKind("nccl", "cuda", "nccl"),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"
@@ -95,6 +110,21 @@ def parse_backends(text: str) -> List[BackendSpec]:
     return specs
 
 
+def unsupported(spec: BackendSpec, call: str, in_place: bool, dtype: str) -> Optional[str]:
+    """Why ``spec`` cannot run the torch.distributed function ``call`` (in place or not) on
+    ``dtype``, or None when it can."""
+    kind = BACKENDS[spec.kind]
+    if spec.options and call not in kind.direct:
+        return ("%s's options go through its direct API, which has no %s (it has %s): drop "
+                "the options or that collective" % (spec.describe(), call,
+                                                    ", ".join(kind.direct.values())))
+    if kind.dtypes is not None and dtype not in kind.dtypes:
+        return "%s has no %s (it has %s)" % (spec.kind, dtype, ", ".join(kind.dtypes))
+    if in_place and call in kind.no_in_place:
+        return "%s cannot run %s in place: use --inplace 0" % (spec.kind, call)
+    return None
+
+
 def required_launcher(specs: List[BackendSpec]) -> Optional[str]:
     """The launcher the backends under test need, or None when any will do."""
     needs = {BACKENDS[s.kind].launcher for s in specs} - {None}
@@ -117,18 +147,27 @@ def dispatch_pairs(specs: List[BackendSpec]) -> List[Tuple[str, str]]:
 class Comm:
     """One backend's process group inside a rank, and how to call a collective on it."""
 
-    def __init__(self, spec: BackendSpec, group, api, device: str):
+    def __init__(self, spec: BackendSpec, group, api, device: str, names: Dict[str, str]):
         self.spec = spec
         self.label = spec.label
         self.group = group
         self.api = api            # torch.distributed, or the backend module (options)
         self.device = device
+        self.names = names        # torch.distributed name -> api's name
         self.options = dict(spec.options)
 
     def call(self, name: str, *tensors, async_op: bool = True, **kwargs):
-        """``api.<name>(*tensors, group=..., async_op=..., **kwargs, **options)``."""
-        return getattr(self.api, name)(*tensors, group=self.group, async_op=async_op,
-                                       **kwargs, **self.options)
+        """``api.<name>(*tensors, group=..., async_op=..., **kwargs, **options)``, ``name``
+        being the torch.distributed function."""
+        return getattr(self.api, self.names.get(name, name))(
+            *tensors, group=self.group, async_op=async_op, **kwargs, **self.options)
+
+    def synchronize(self) -> None:
+        """Wait for the device: a finished CUDA Work only orders the current stream."""
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -149,7 +188,7 @@ class _MpiWork:
 class MpiComm:
     """MPI through mpi4py, on its own duplicate of MPI_COMM_WORLD, with the calling
     convention of :class:`Comm`. Buffers are the tensors' memory (``Tensor.numpy()`` shares
-    it), reduced in place (MPI_IN_PLACE), so no copy is timed that torch backends skip."""
+    it) and in-place calls use MPI_IN_PLACE, so no copy is timed that torch backends skip."""
 
     def __init__(self, spec: BackendSpec, device: str):
         from mpi4py import MPI
@@ -160,30 +199,50 @@ class MpiComm:
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD.Dup()
 
-    def call(self, name: str, tensor, op, async_op: bool = True):
-        if name != "all_reduce":
-            raise NotImplementedError("mpi backend: %s is not wired up" % name)
+    def call(self, name: str, *tensors, async_op: bool = True, op=None, src=None):
+        """The torch.distributed function ``name`` as the matching MPI call (``I...`` when
+        ``async_op``). torch's in-place forms pass one buffer, or a view of the output as
+        the input (all-gather): MPI spells both MPI_IN_PLACE."""
         MPI = self.MPI
-        buf, mpi_op = tensor.numpy(), getattr(MPI, op.name)   # ReduceOp.SUM -> MPI.SUM
+        out, inp = tensors[0], tensors[-1]
+        in_place = inp.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+        send = MPI.IN_PLACE if in_place else inp.numpy()
+        method, args = {
+            "all_reduce": ("Allreduce", (send, out.numpy())),
+            "reduce_scatter_single": ("Reduce_scatter_block", (send, out.numpy())),
+            "all_gather_single": ("Allgather", (send, out.numpy())),
+            "all_to_all_single": ("Alltoall", (send, out.numpy())),
+            "broadcast": ("Bcast", (out.numpy(), src)),
+        }[name]
+        if op is not None:
+            args += (getattr(MPI, op.name),)        # ReduceOp.SUM -> MPI.SUM
         if async_op:
-            return _MpiWork(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op))
-        self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+            return _MpiWork(getattr(self.comm, "I" + method.lower())(*args))
+        getattr(self.comm, method)(*args)
         return None
+
+    def synchronize(self) -> None:
+        pass
 
     def close(self) -> None:
         self.comm.Free()
 
 
-def open_comm(spec: BackendSpec, timeout, world: int):
+def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
     """Create the group for ``spec`` (collective over all ranks: every rank must call this
     for the same specs in the same order). Runs inside a rank."""
     import importlib
 
+    import torch
     import torch.distributed as dist
 
     kind = BACKENDS[spec.kind]
+    device = kind.device
+    if device == "cuda":
+        device = "cuda:%d" % (local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     if kind.name == "mpi":
-        comm = MpiComm(spec, kind.device)
+        comm = MpiComm(spec, device)
         if comm.comm.Get_size() != world:
             raise RuntimeError("MPI_COMM_WORLD has %d ranks, the run %d: start the ranks with "
                                "--launcher mpirun" % (comm.comm.Get_size(), world))
@@ -194,5 +253,6 @@ def open_comm(spec: BackendSpec, timeout, world: int):
                            % (kind.dist_backend, " (importing %r did not register it)"
                               % kind.module if kind.module else ""))
     group = dist.new_group(backend=kind.dist_backend, timeout=timeout)
-    api = module if (spec.options and module is not None) else dist
-    return Comm(spec, group, api, kind.device)
+    if spec.options:
+        return Comm(spec, group, module, device, kind.direct)
+    return Comm(spec, group, dist, device, {})

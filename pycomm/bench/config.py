@@ -14,24 +14,30 @@ from typing import Dict, List, Optional, Tuple
 # the harness needs (the check pattern is exact for any dtype that holds small integers).
 DTYPES: Dict[str, Tuple[str, int]] = {
     "float32": ("float32", 4),
+    "float16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2),
     "int32": ("int32", 4),
 }
 DTYPE_ALIASES = {"float": "float32", "f32": "float32", "fp32": "float32",
+                 "half": "float16", "fp16": "float16", "f16": "float16", "bf16": "bfloat16",
                  "int": "int32", "i32": "int32"}
 # Names that parse but that the harness does not fill/check yet (clear error, not "unknown").
-DTYPES_LATER = {"float16", "half", "bfloat16", "bf16", "float64", "double", "int8", "uint8",
-                "int64", "fp8_e4m3", "fp8_e5m2"}
+DTYPES_LATER = {"float64", "double", "int8", "uint8", "int64", "fp8_e4m3", "fp8_e5m2"}
 
 # Reduction ops the harness can check exactly: name -> torch.distributed.ReduceOp attribute.
 OPS: Dict[str, str] = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 OPS_LATER = {"prod", "avg", "premulsum"}
 
 MODES = {
-    "b2b": "back-to-back: n calls issued with async_op=True, all waited at the end; "
-           "time = (max over ranks of the loop time) / n",
+    "b2b": "back-to-back throughput: n calls issued with async_op=True, all waited at the "
+           "end; time = (max over ranks of the loop time) / n",
     "blocking": "blocking latency: n calls, each waited before the next (async_op=False); "
-                "time = (max over ranks of the loop time) / n",
+                "time = (max over ranks of the loop time) / n; p50/p99 over every call "
+                "(each timed alone, max over ranks)",
 }
+
+# --inplace values -> placements (True: in place), in the order they run.
+PLACEMENTS = {"1": (True,), "0": (False,), "both": (True, False)}
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -115,7 +121,8 @@ class BackendSpec:
 
 @dataclass
 class Config:
-    collective: str = "all_reduce"
+    collectives: List[str] = field(default_factory=lambda: ["all_reduce"])
+    placements: Tuple[bool, ...] = (True, False)   # --inplace; each collective runs those it has
     nranks: int = 4
     sizes: List[int] = field(default_factory=list)
     dtypes: List[str] = field(default_factory=lambda: ["float32"])
@@ -129,19 +136,24 @@ class Config:
     repeats: int = 5
     check: bool = True
     mode: str = "b2b"
-    launcher: str = "spawn"            # a key of launch.LAUNCHERS
+    launcher: str = "spawn"            # a key of launch.LAUNCHERS, or "torchrun"
     timeout_s: float = 900.0           # the whole run (parent deadline)
     pg_timeout_s: float = 300.0        # each process group's timeout (per collective)
     init: str = "file"
+    seed: int = 0                      # Gaussian data of the relative-error/hash call
+    baseline: str = ""                 # label the ratios are about ("": the first backend)
     json_path: Optional[str] = None
+    jsonl_path: Optional[str] = None
+    markdown_path: Optional[str] = None
+    plot_dir: Optional[str] = None     # busbw.png and latency.png
     command: str = ""
     quiet: bool = False
 
     @property
     def subject(self) -> BackendSpec:
-        """The backend the ratios are about: the first one listed (pycomm by default)."""
-        return self.backends[0]
+        """The backend the ratios are about: --baseline, else the first one listed."""
+        return next((b for b in self.backends if b.label == self.baseline), self.backends[0])
 
     @property
     def peers(self) -> List[BackendSpec]:
-        return self.backends[1:]
+        return [b for b in self.backends if b is not self.subject]

@@ -3,7 +3,8 @@
 * Two launchers. "spawn" (the default): multiprocessing children with the "spawn" start
   method (fork is unsafe once torch threads exist). "mpirun": ``mpirun -np N python -m
   pycomm.bench.worker DIR``, which MPI peers need (their ranks must share
-  MPI_COMM_WORLD).
+  MPI_COMM_WORLD). Under torchrun there is nothing to start: :func:`run_here` makes this
+  process the rank torchrun says it is, and torchrun watches the ranks.
 * The run's directory (a fresh temp dir, mode 0700) holds the pickled config, the
   file:// rendezvous when used, the ranks' stack files and the control socket. Each rank
   connects to that socket and reports over its own connection, so a rank that dies
@@ -118,7 +119,7 @@ class _Spawned:
         self.procs = []
         for rank in range(world):
             p = ctx.Process(target=rank_main, name="pycomm-bench-rank%d" % rank, daemon=True,
-                            args=(rundir, rank, world))
+                            args=(rundir, rank, world, rank))
             p.start()
             self.procs.append(p)
 
@@ -197,6 +198,23 @@ class _Mpirun:
 
 
 LAUNCHERS = {"spawn": _Spawned, "mpirun": _Mpirun}
+
+
+def run_here(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
+    """Run this process as one of torchrun's ranks (RANK, WORLD_SIZE, LOCAL_RANK; the
+    groups meet through env://, i.e. MASTER_ADDR/MASTER_PORT). Returns what
+    :func:`run_world` returns; every rank gets the records (their times and counts are
+    gathered on all ranks). A failure raises here, for torchrun to report."""
+    from .worker import close, run_rank
+
+    def say(kind, payload):
+        if kind == "row" and on_row is not None:
+            on_row(payload)
+
+    comms, records = run_rank(cfg, int(os.environ["RANK"]), cfg.nranks,
+                              int(os.environ["LOCAL_RANK"]), "env://", lambda text: None, say)
+    close(comms)
+    return {"records": records, "warnings": []}
 
 
 def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:

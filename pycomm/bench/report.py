@@ -1,13 +1,16 @@
-"""Statistics, the nccl-tests-style formatter and the JSON writer (parent side, torch-free).
+"""Statistics, the nccl-tests-style formatter and the writers (JSON document, JSON lines,
+Markdown report, plots); parent side, torch-free.
 
 A record (from a rank) holds raw loop times: ``loop_s[repeat][rank]`` seconds for
-``iters`` calls. Per repeat the time of one call is ``max over ranks / iters``; the
-reported time is the median over repeats. algbw = S / t, busbw = algbw * factor (all-reduce:
-2(n-1)/n), in GB/s = 1e9 bytes/s as in nccl-tests.
+``iters`` calls, and in blocking mode ``call_s[repeat][call]``, each call's seconds (max over
+ranks). Per repeat the time of one call is ``max over ranks / iters``; the reported time is
+the median over repeats. algbw = S / t, busbw = algbw * factor (collectives.py), in GB/s =
+1e9 bytes/s as in nccl-tests.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -29,8 +32,15 @@ SUMMARY_POINTS = (("small", 4 << 10, "latency"), ("medium", 1 << 20, "busbw"),
 # statistics
 # --------------------------------------------------------------------------------------
 
+def percentile(values: List[float], q: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least q% of the values <= it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
 def summarize(rec: dict) -> dict:
-    """Add per_repeat_us, time_us, algbw, busbw (GB/s) to a raw record (returns a copy)."""
+    """Add per_repeat_us, time_us, algbw, busbw (GB/s), and p50_us/p99_us over every call
+    (blocking mode; else None) to a raw record (returns a copy)."""
     out = dict(rec)
     per_repeat = [max(ranks) / rec["iters"] for ranks in rec["loop_s"]]
     t = statistics.median(per_repeat)
@@ -38,11 +48,35 @@ def summarize(rec: dict) -> dict:
     out["time_us"] = t * 1e6
     out["algbw"] = rec["bytes"] / t / 1e9 if t > 0 else float("inf")
     out["busbw"] = out["algbw"] * rec["busbw_factor"]
+    calls = [c * 1e6 for repeat in rec.get("call_s") or [] for c in repeat]
+    out["p50_us"] = percentile(calls, 50) if calls else None
+    out["p99_us"] = percentile(calls, 99) if calls else None
     return out
 
 
-def _key(rec: dict) -> Tuple[str, str, str, int]:
-    return (rec["collective"], rec["dtype"], rec["op"], rec["bytes"])
+def _key(rec: dict) -> Tuple[str, bool, str, str, int]:
+    return (rec["collective"], rec["inplace"], rec["dtype"], rec["op"], rec["bytes"])
+
+
+def place(in_place: bool) -> str:
+    return "in" if in_place else "out"
+
+
+def against_baseline(results: List[dict], baseline: str) -> List[dict]:
+    """Add ``baseline``, ``x_baseline`` = time / the baseline's time at the same key (> 1:
+    the baseline is faster) and ``x_baseline_paired`` = the range over repeats of (repeat k
+    / the baseline's repeat k, run side by side) to each summarized record (copies)."""
+    base = {_key(r): r for r in results if r["backend"] == baseline}
+    out = []
+    for r in results:
+        b = base.get(_key(r))
+        if b is None or b["time_us"] <= 0:
+            out.append(dict(r, baseline=baseline, x_baseline=None, x_baseline_paired=None))
+            continue
+        pairs = [a / c for a, c in zip(r["per_repeat_us"], b["per_repeat_us"]) if c > 0]
+        out.append(dict(r, baseline=baseline, x_baseline=r["time_us"] / b["time_us"],
+                        x_baseline_paired=[min(pairs), max(pairs)] if pairs else None))
+    return out
 
 
 def compare(results: List[dict], subject: str, peers: List[str]) -> List[dict]:
@@ -57,7 +91,7 @@ def compare(results: List[dict], subject: str, peers: List[str]) -> List[dict]:
         if subject not in recs:
             continue
         s = recs[subject]
-        row = dict(collective=key[0], dtype=key[1], op=key[2], bytes=key[3],
+        row = dict(collective=key[0], inplace=key[1], dtype=key[2], op=key[3], bytes=key[4],
                    time_us={b: r["time_us"] for b, r in recs.items()},
                    busbw={b: r["busbw"] for b, r in recs.items()}, speedup={}, paired={})
         for peer in peers:
@@ -83,8 +117,8 @@ def dispatch(results: List[dict], pairs: List[Tuple[str, str]]) -> List[dict]:
             if t is None:
                 continue
             diffs = [a - b for a, b in zip(t["per_repeat_us"], d["per_repeat_us"])]
-            rows.append(dict(collective=d["collective"], dtype=d["dtype"], op=d["op"],
-                             bytes=d["bytes"], torch=via_torch, direct=direct,
+            rows.append(dict(collective=d["collective"], inplace=d["inplace"], dtype=d["dtype"],
+                             op=d["op"], bytes=d["bytes"], torch=via_torch, direct=direct,
                              torch_us=t["time_us"], direct_us=d["time_us"],
                              overhead_us=t["time_us"] - d["time_us"],
                              ratio=t["time_us"] / d["time_us"] if d["time_us"] > 0 else None,
@@ -93,22 +127,123 @@ def dispatch(results: List[dict], pairs: List[Tuple[str, str]]) -> List[dict]:
 
 
 # --------------------------------------------------------------------------------------
+# tables: one (headers, units, rows) shape, rendered as text or Markdown
+# --------------------------------------------------------------------------------------
+
+def _us(us: Optional[float]) -> str:
+    if us is None:
+        return "-"
+    return "%.2f" % us if us < 1e6 else "%.0f" % us
+
+
+def _ratio(x: Optional[float]) -> str:
+    return "-" if x is None else "%.2f" % x
+
+
+def _range(pair: Optional[List[float]]) -> str:
+    return "-" if pair is None else "%.2f-%.2f" % tuple(pair)
+
+
+def _match(flag: Optional[bool]) -> str:
+    return "n/a" if flag is None else ("same" if flag else "DIFF")
+
+
+def _relerr(r: dict) -> str:
+    return "n/a" if r.get("relerr") is None else "%.2e" % r["relerr"]
+
+
+# The per-backend columns: (name, unit, value of a summarized record, blocking mode only).
+COLUMNS = (
+    ("collective", "", lambda r: r["collective"], False),
+    ("size", "(B)", lambda r: "%d" % r["bytes"], False),
+    ("count", "(elements)", lambda r: "%d" % r["count"], False),
+    ("type", "", lambda r: r["dtype"], False),
+    ("redop", "", lambda r: r["op"], False),
+    ("place", "", lambda r: place(r["inplace"]), False),
+    ("time_us", "(us)", lambda r: _us(r["time_us"]), False),
+    ("algbw", "(GB/s)", lambda r: "%.2f" % r["algbw"], False),
+    ("busbw", "(GB/s)", lambda r: "%.2f" % r["busbw"], False),
+    ("p50_us", "(us)", lambda r: _us(r["p50_us"]), True),
+    ("p99_us", "(us)", lambda r: _us(r["p99_us"]), True),
+    ("#wrong", "", lambda r: "%d" % r["wrong"] if r["wrong"] >= 0 else "n/a", False),
+    ("relerr", "(rms)", _relerr, False),
+    ("hash", "(sha256)", lambda r: r.get("hash") or "n/a", False),
+    ("ranks", "", lambda r: _match(r.get("ranks_match")), False),
+    ("repeats", "", lambda r: _match(r.get("repeats_match")), False),
+    ("xbase", "", lambda r: _ratio(r["x_baseline"]), False),
+    ("paired", "(min-max)", lambda r: _range(r["x_baseline_paired"]), False),
+)
+
+Table = Tuple[List[str], List[str], List[List[str]]]   # headers, units, rows of cells
+
+
+def backend_rows(results: List[dict], label: str, blocking: bool) -> Table:
+    cols = [c for c in COLUMNS if blocking or not c[3]]
+    return ([c[0] for c in cols], [c[1] for c in cols],
+            [[c[2](r) for c in cols] for r in results if r["backend"] == label])
+
+
+def comparison_rows(rows: List[dict], subject: str, peers: List[str]) -> Table:
+    backends = [subject] + peers
+    headers = (["collective", "size", "type", "redop", "place"] + [b + "_us" for b in backends]
+               + [b + "_bus" for b in backends]
+               + [h for p in peers for h in ("x" + p, "paired")])
+    units = (["", "(B)", "", "", ""] + ["(us)"] * len(backends) + ["(GB/s)"] * len(backends)
+             + ["", "(min-max)"] * len(peers))
+    cells = []
+    for row in rows:
+        line = [row["collective"], "%d" % row["bytes"], row["dtype"], row["op"],
+                place(row["inplace"])]
+        line += [_us(row["time_us"].get(b)) for b in backends]
+        line += ["-" if row["busbw"].get(b) is None else "%.2f" % row["busbw"][b]
+                 for b in backends]
+        for p in peers:
+            line += [_ratio(row["speedup"].get(p)), _range(row["paired"].get(p))]
+        cells.append(line)
+    return headers, units, cells
+
+
+def text_table(table: Table) -> str:
+    headers, units, rows = table
+    widths = [max(len(x) for x in col) for col in zip(headers, units, *rows)]
+
+    def line(prefix, cells):
+        return prefix + " ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+    return "\n".join([line("# ", headers), line("# ", units)] + [line("  ", r) for r in rows])
+
+
+def markdown_table(table: Table) -> str:
+    headers, units, rows = table
+    head = ["%s %s" % (h, u) if u else h for h, u in zip(headers, units)]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+# --------------------------------------------------------------------------------------
 # text
 # --------------------------------------------------------------------------------------
 
-def header(cfg: Config, versions: Dict[str, str]) -> str:
+def usable_cpus() -> int:
     try:
-        usable = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:
-        usable = os.cpu_count()
+        return os.cpu_count()
+
+
+def header(cfg: Config, versions: Dict[str, str]) -> str:
     lines = [
-        "# pycomm.bench: %s, nccl-tests conventions" % cfg.collective,
+        "# pycomm.bench: %s, nccl-tests conventions" % ", ".join(cfg.collectives),
         "# command   : %s" % cfg.command,
-        "# world     : %d local ranks (%s, %s:// rendezvous)"
-        % (cfg.nranks, _launcher_text(cfg), cfg.init),
-        "# backends  : %s  (ratios: %s over each peer; harness barriers/timing on a separate "
-        "gloo group)" % (", ".join(b.describe() for b in cfg.backends), cfg.subject.label),
+        "# world     : %d ranks (%s, %s rendezvous)"
+        % (cfg.nranks, _launcher_text(cfg), "env://" if cfg.launcher == "torchrun"
+           else cfg.init + "://"),
+        "# backends  : %s  (ratios: each backend over %s; harness barriers/timing on a "
+        "separate gloo group)" % (", ".join(b.describe() for b in cfg.backends),
+                                  cfg.subject.label),
         "# mode      : %s" % MODES[cfg.mode],
+        "# placement : %s (where the collective has it)"
+        % " and ".join("in-place" if p else "out-of-place" for p in cfg.placements),
         "# repeats   : %d, median reported; backends interleaved per repeat" % cfg.repeats,
         "# iterations: %s; warm-up: %s" % (
             cfg.iters if cfg.iters is not None else "auto (about %s per repeat, %d..%d calls)"
@@ -117,9 +252,10 @@ def header(cfg: Config, versions: Dict[str, str]) -> str:
         "# timeouts  : run %gs (then ranks are killed), process groups %gs"
         % (cfg.timeout_s, cfg.pg_timeout_s),
         "# check     : %s" % ("on (integer-valued inputs, exact expectation; #wrong summed "
-                              "over ranks)" if cfg.check else "off"),
+                              "over ranks); relerr and hash on Gaussian data, seed %d"
+                              % cfg.seed if cfg.check else "off"),
         "# host      : %s, %s cpus (%s usable), %s %s, python %s, %s" % (
-            socket.gethostname(), os.cpu_count(), usable, platform.system(),
+            socket.gethostname(), os.cpu_count(), usable_cpus(), platform.system(),
             platform.release(), platform.python_version(),
             ", ".join("%s %s" % kv for kv in versions.items())),
     ]
@@ -132,61 +268,25 @@ def _launcher_text(cfg: Config) -> str:
 
         return "%s; rank and size from OMPI_COMM_WORLD_RANK/SIZE" % " ".join(
             ["mpirun"] + mpirun_command(cfg.nranks)[1:])
-    return "multiprocessing spawn"
+    if cfg.launcher == "torchrun":
+        return "torchrun; rank and size from RANK/WORLD_SIZE"
+    return "local, multiprocessing spawn"
 
 
-def _fmt_time(us: float) -> str:
-    return "%10.2f" % us if us < 1e6 else "%10.0f" % us
-
-
-def backend_table(results: List[dict], label: str) -> str:
-    lines = ["#", "# backend: %s" % label,
-             "# %12s %12s %8s %6s %12s %8s %8s %7s"
-             % ("size", "count", "type", "redop", "time_us", "algbw", "busbw", "#wrong"),
-             "# %12s %12s %8s %6s %12s %8s %8s %7s"
-             % ("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "")]
-    for r in results:
-        if r["backend"] != label:
-            continue
-        lines.append("  %12d %12d %8s %6s %12s %8.2f %8.2f %7s" % (
-            r["bytes"], r["count"], r["dtype"], r["op"], _fmt_time(r["time_us"]),
-            r["algbw"], r["busbw"], r["wrong"] if r["wrong"] >= 0 else "n/a"))
-    return "\n".join(lines)
+def backend_table(results: List[dict], label: str, cfg: Config) -> str:
+    return "\n".join(["#", "# backend: %s, %s; xbase = time / %s time (> 1: %s is faster), "
+                      "paired = range of per-repeat ratios"
+                      % (label, cfg.mode, cfg.subject.label, cfg.subject.label),
+                      text_table(backend_rows(results, label, cfg.mode == "blocking"))])
 
 
 def comparison_table(rows: List[dict], subject: str, peers: List[str]) -> str:
     if not peers:
         return ""
-    backends = [subject] + peers
-    head1 = "# %12s %8s %6s" % ("size", "type", "redop")
-    head2 = "# %12s %8s %6s" % ("(B)", "", "")
-    for b in backends:
-        head1 += " %12s" % _clip(b + "_us", 12)
-        head2 += " %12s" % "(us)"
-    for b in backends:
-        head1 += " %10s" % _clip(b + "_bus", 10)
-        head2 += " %10s" % "(GB/s)"
-    for p in peers:
-        head1 += " %9s %13s" % (_clip("x" + p, 9), "paired")
-        head2 += " %9s %13s" % ("", "(min-max)")
-    lines = ["#", "# comparison: speed-up x<peer> = peer time_us / %s time_us (> 1: %s is "
-             "faster); it equals %s busbw / peer busbw" % (subject, subject, subject),
-             "# paired = range over repeats of (peer repeat k / %s repeat k), run side by side"
-             % subject, head1, head2]
-    for row in rows:
-        line = "  %12d %8s %6s" % (row["bytes"], row["dtype"], row["op"])
-        for b in backends:
-            t = row["time_us"].get(b)
-            line += " %12s" % ("-" if t is None else _fmt_time(t).strip())
-        for b in backends:
-            bw = row["busbw"].get(b)
-            line += " %10s" % ("-" if bw is None else "%.2f" % bw)
-        for p in peers:
-            x, pr = row["speedup"].get(p), row["paired"].get(p)
-            line += " %9s %13s" % ("-" if x is None else "%.2f" % x,
-                                   "-" if pr is None else "%.2f-%.2f" % tuple(pr))
-        lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(["#", "# comparison: speed-up x<peer> = peer time_us / %s time_us (> 1: %s "
+                      "is faster); it equals %s busbw / peer busbw" % (subject, subject, subject),
+                      "# paired = range over repeats of (peer repeat k / %s repeat k), run side "
+                      "by side" % subject, text_table(comparison_rows(rows, subject, peers))])
 
 
 def dispatch_table(rows: List[dict]) -> str:
@@ -195,82 +295,86 @@ def dispatch_table(rows: List[dict]) -> str:
         lines += ["#", "# torch.distributed dispatch: %s (through torch.distributed) against %s "
                   "(the same backend through its direct API); overhead = difference of the "
                   "medians, ratio = %s / %s, paired = range of per-repeat differences"
-                  % (via_torch, direct, via_torch, direct),
-                  "# %12s %8s %6s %12s %12s %12s %7s %17s"
-                  % ("size", "type", "redop", via_torch[:7] + "_us", direct[:7] + "_us",
-                     "overhead_us", "ratio", "paired_us")]
-        for r in rows:
-            if (r["torch"], r["direct"]) != (via_torch, direct):
-                continue
-            lines.append("  %12d %8s %6s %12s %12s %+12.2f %7s %17s" % (
-                r["bytes"], r["dtype"], r["op"], _fmt_time(r["torch_us"]).strip(),
-                _fmt_time(r["direct_us"]).strip(), r["overhead_us"],
-                "-" if r["ratio"] is None else "%.3f" % r["ratio"],
-                "%+.1f..%+.1f" % tuple(r["paired_us"])))
+                  % (via_torch, direct, via_torch, direct)]
+        cells = [[r["collective"], "%d" % r["bytes"], r["dtype"], r["op"], place(r["inplace"]),
+                  _us(r["torch_us"]), _us(r["direct_us"]), "%+.2f" % r["overhead_us"],
+                  "-" if r["ratio"] is None else "%.3f" % r["ratio"],
+                  "%+.1f..%+.1f" % tuple(r["paired_us"])]
+                 for r in rows if (r["torch"], r["direct"]) == (via_torch, direct)]
+        lines.append(text_table((
+            ["collective", "size", "type", "redop", "place", via_torch + "_us", direct + "_us",
+             "overhead_us", "ratio", "paired_us"],
+            ["", "(B)", "", "", "", "(us)", "(us)", "(us)", "", "(us)"],
+            cells)))
     return "\n".join(lines)
-
-
-def _clip(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "~"
 
 
 def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str],
             cfg: Config, overhead: List[dict]) -> str:
-    by = {(r["backend"], r["collective"], r["dtype"], r["op"], r["bytes"]): r for r in results}
-    cmp_by = {(c["collective"], c["dtype"], c["op"], c["bytes"]): c for c in rows}
+    by = {(r["backend"],) + _key(r): r for r in results}
+    cmp_by = {_key(c): c for c in rows}
     overhead_by = {(r["torch"], r["direct"]) + _key(r): r for r in overhead}
-    lines = ["#"]
-    combos = []
-    for r in results:
-        c = (r["collective"], r["dtype"], r["op"])
-        if c not in combos:
-            combos.append(c)
-    for coll, dtype, op in combos:
-        lines.append("# summary %s %s %s, %d ranks, %s:" % (coll, dtype, op, cfg.nranks, cfg.mode))
+    lines = []
+    points = {size for _, size, _ in SUMMARY_POINTS}
+    for combo in dict.fromkeys(_key(r)[:4] for r in results if r["bytes"] in points):
+        coll, in_place, dtype, op = combo
+        lines.append("# summary %s %s %s %s, %d ranks, %s:" % (
+            coll, "in-place" if in_place else "out-of-place", dtype, op, cfg.nranks, cfg.mode))
         for name, size, what in SUMMARY_POINTS:
             text = "#   %-6s %-7s @ %-7s:" % (name, what, format_bytes(size))
-            if (subject, coll, dtype, op, size) not in by:
+            if (subject,) + combo + (size,) not in by:
                 lines.append(text + " not in this sweep")
                 continue
             parts = []
             for b in [subject] + peers:
-                r = by.get((b, coll, dtype, op, size))
+                r = by.get((b,) + combo + (size,))
                 if r is None:
                     continue
                 parts.append("%s %s" % (b, "%.1f us" % r["time_us"] if what == "latency"
                                         else "%.2f GB/s" % r["busbw"]))
-            ratios = cmp_by.get((coll, dtype, op, size), {}).get("speedup", {})
+            ratios = cmp_by.get(combo + (size,), {}).get("speedup", {})
             rtext = ", ".join("x%.2f vs %s" % (x, p) for p, x in ratios.items() if x is not None)
             lines.append(text + " " + " | ".join(parts) + ("  (%s: %s)" % (subject, rtext)
                                                            if rtext else ""))
         for pair in dict.fromkeys((r["torch"], r["direct"]) for r in overhead):
             parts = []
             for _, size, _ in SUMMARY_POINTS:
-                r = overhead_by.get(pair + (coll, dtype, op, size))
+                r = overhead_by.get(pair + combo + (size,))
                 if r is not None and r["ratio"] is not None:
                     parts.append("%+.1f us @ %s (x%.3f)"
                                  % (r["overhead_us"], format_bytes(size), r["ratio"]))
             if parts:
                 lines.append("#   dispatch: %s (torch.distributed) over %s (direct API): %s"
                              % (pair + (", ".join(parts),)))
-    return "\n".join(lines)
+    return "\n".join(["#"] + lines) if lines else ""
 
 
 def total_wrong(results: List[dict]) -> int:
     return sum(r["wrong"] for r in results if r["wrong"] > 0)
 
 
+def correctness(cfg: Config, results: List[dict]) -> str:
+    if not cfg.check:
+        return ""
+    wrong = total_wrong(results)
+    unstable = [r for r in results if False in (r["ranks_match"], r["repeats_match"])]
+    lines = ["# correctness: %s" % ("all results exact" if wrong == 0 else
+                                    "%d WRONG elements (see #wrong) -- FAILED" % wrong)]
+    if unstable:
+        lines.append("# determinism: %d rows whose hash differs across ranks or repeats "
+                     "(ranks/repeats = DIFF)" % len(unstable))
+    return "\n".join(lines)
+
+
 def render(cfg: Config, results: List[dict], rows: List[dict]) -> str:
     labels = [b.label for b in cfg.backends]
+    peers = [b.label for b in cfg.peers]
     overhead = dispatch(results, dispatch_pairs(cfg.backends))
-    parts = [backend_table(results, b) for b in labels]
-    parts.append(comparison_table(rows, labels[0], labels[1:]))
+    parts = [backend_table(results, b, cfg) for b in labels]
+    parts.append(comparison_table(rows, cfg.subject.label, peers))
     parts.append(dispatch_table(overhead))
-    parts.append(summary(results, rows, labels[0], labels[1:], cfg, overhead))
-    wrong = total_wrong(results)
-    if cfg.check:
-        parts.append("# correctness: %s" % ("all results exact" if wrong == 0 else
-                                            "%d WRONG elements (see #wrong) -- FAILED" % wrong))
+    parts.append(summary(results, rows, cfg.subject.label, peers, cfg, overhead))
+    parts.append(correctness(cfg, results))
     return "\n".join(p for p in parts if p)
 
 
@@ -286,12 +390,13 @@ def progress_line(row: List[dict], subject: str) -> str:
             x = " (x%.2f)" % (r["time_us"] / s_time)
         bad = " WRONG=%d" % r["wrong"] if r["wrong"] > 0 else ""
         parts.append("%s %.1f us%s%s" % (r["backend"], r["time_us"], x, bad))
-    return "# .. %s %s %s %10d B  n=%d: %s" % (first["collective"], first["dtype"], first["op"],
-                                             first["bytes"], first["iters"], "  ".join(parts))
+    return "# .. %s %s %s %s %10d B  n=%d: %s" % (
+        first["collective"], place(first["inplace"]), first["dtype"], first["op"],
+        first["bytes"], first["iters"], "  ".join(parts))
 
 
 # --------------------------------------------------------------------------------------
-# JSON
+# JSON, JSON lines, Markdown
 # --------------------------------------------------------------------------------------
 
 def _git_state() -> Optional[dict]:
@@ -309,35 +414,106 @@ def _git_state() -> Optional[dict]:
     return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
-def write_json(path: str, cfg: Config, versions: Dict[str, str], results: List[dict],
-               rows: List[dict], warnings: List[str], elapsed_s: float) -> None:
+def environment(cfg: Config, versions: Dict[str, str]) -> dict:
+    """Where and how the run was made: every JSON line carries it, the document holds it."""
     from dataclasses import asdict
 
-    doc = {
-        "format": "pycomm.bench/1",
+    return {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git": _git_state(),
         "command": cfg.command,
-        "config": asdict(cfg),
-        "host": {"hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
-                 "platform": platform.platform(), "python": sys.version.split()[0],
-                 "versions": versions},
+        "world_size": cfg.nranks,
+        "launcher": cfg.launcher,
         "mode": {"name": cfg.mode, "meaning": MODES[cfg.mode]},
-        "units": {"loop_s": "seconds per repeat per rank for `iters` calls",
-                  "per_repeat_us": "max over ranks of loop_s / iters, microseconds",
-                  "time_us": "median of per_repeat_us", "algbw": "GB/s (1e9 B/s) = bytes/time",
-                  "busbw": "algbw * busbw_factor"},
-        "subject": cfg.subject.label,
-        "results": results,
-        "comparison": rows,
-        "dispatch": dispatch(results, dispatch_pairs(cfg.backends)),
-        "warnings": warnings,
-        "elapsed_s": elapsed_s,
+        "host": {"hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
+                 "usable_cpus": usable_cpus(), "platform": platform.platform(),
+                 "python": sys.version.split()[0], "versions": versions},
+        "config": asdict(cfg),
     }
+
+
+UNITS = {"loop_s": "seconds per repeat per rank for `iters` calls",
+         "call_s": "blocking mode: seconds of each call per repeat, max over ranks",
+         "per_repeat_us": "max over ranks of loop_s / iters, microseconds",
+         "time_us": "median of per_repeat_us", "algbw": "GB/s (1e9 B/s) = bytes/time",
+         "busbw": "algbw * busbw_factor", "p50_us/p99_us": "percentiles of call_s (us)",
+         "relerr": "||got - ref|| / ||ref|| over every rank's output, Gaussian inputs, "
+                   "float64 reference",
+         "hash": "sha256 of rank 0's output bytes of the Gaussian call, 8 hex digits",
+         "x_baseline": "time_us / the baseline's time_us at the same size"}
+
+
+def _finite(obj):
+    """The object with non-finite floats as strings ("inf", "nan"), so that it is JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _write(path: str, text: str) -> None:
+    """Write atomically (a reader never sees half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
     with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def document(cfg: Config, env: dict, results: List[dict], rows: List[dict],
+             warnings: List[str], elapsed_s: float) -> dict:
+    """The ``--json`` document: the environment, every result, the comparison."""
+    return dict(env, format="pycomm.bench/2", units=UNITS, subject=cfg.subject.label,
+                results=results, comparison=rows,
+                dispatch=dispatch(results, dispatch_pairs(cfg.backends)),
+                warnings=warnings, elapsed_s=elapsed_s)
+
+
+def write_json(path: str, doc: dict) -> None:
+    _write(path, json.dumps(_finite(doc), indent=1) + "\n")
+
+
+def write_jsonl(path: str, env: dict, results: List[dict]) -> None:
+    """One JSON object per result row, each with the whole environment under "env"."""
+    _write(path, "".join(json.dumps(_finite(dict(r, env=env))) + "\n" for r in results))
+
+
+def write_markdown(path: str, cfg: Config, env: dict, results: List[dict], rows: List[dict],
+                   text_report: str, plots: List[str]) -> None:
+    host = env["host"]
+    lines = ["# pycomm.bench: %s" % ", ".join(cfg.collectives), "",
+             "`%s`" % cfg.command, "",
+             "| | |", "|---|---|",
+             "| date (UTC) | %s |" % env["date_utc"],
+             "| git | %s |" % ("%s%s" % (env["git"]["commit"][:12], " (dirty)"
+                                         if env["git"]["dirty"] else "")
+                              if env["git"] else "unknown"),
+             "| host | %s, %s cpus (%s usable), %s, python %s |"
+             % (host["hostname"], host["cpu_count"], host["usable_cpus"], host["platform"],
+                host["python"]),
+             "| versions | %s |" % ", ".join("%s %s" % kv for kv in host["versions"].items()),
+             "| world | %d ranks, %s |" % (cfg.nranks, cfg.launcher),
+             "| mode | %s |" % MODES[cfg.mode],
+             "| backends | %s (baseline %s) |"
+             % (", ".join("`%s`" % b.describe() for b in cfg.backends), cfg.subject.label),
+             ""]
+    for b in cfg.backends:
+        lines += ["## %s" % b.label, "",
+                  "xbase = time / %s time (> 1: %s is faster)."
+                  % (cfg.subject.label, cfg.subject.label), "",
+                  markdown_table(backend_rows(results, b.label, cfg.mode == "blocking")), ""]
+    if cfg.peers:
+        lines += ["## Comparison", "", "x<peer> = peer time / %s time (> 1: %s is faster)."
+                  % (cfg.subject.label, cfg.subject.label), "",
+                  markdown_table(comparison_rows(rows, cfg.subject.label,
+                                                 [b.label for b in cfg.peers])), ""]
+    if plots:
+        lines += ["## Plots", ""] + ["![%s](%s)" % (os.path.splitext(os.path.basename(p))[0],
+                                                    os.path.relpath(p, os.path.dirname(
+                                                        os.path.abspath(path))))
+                                     for p in plots] + [""]
+    lines += ["## Text report", "", "```", text_report, "```", ""]
+    _write(path, "\n".join(lines))

@@ -1,0 +1,202 @@
+"""The benchmark harness (python -m pycomm.bench) and bench/compare.py, on tiny sweeps.
+
+Each run is a subprocess on 2 ranks with -n 2 -w 1 -r 2 and a deadline (the harness kills
+its ranks on --timeout; subprocess.run's timeout is the backstop). Timings are never
+asserted, only the shape of the outputs and the verdicts computed from them.
+"""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("pycomm")
+
+from pycomm.bench import main as bench_main  # noqa: E402
+from pycomm.bench.collectives import COLLECTIVES  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["-n", "2", "-w", "1", "-r", "2", "--timeout", "90", "-q"]
+COLUMNS = {"collective", "inplace", "bytes", "count", "dtype", "op", "mode", "time_us",
+           "algbw", "busbw", "busbw_factor", "per_repeat_us", "p50_us", "p99_us", "wrong",
+           "relerr", "hash", "ranks_match", "repeats_match", "baseline", "x_baseline",
+           "x_baseline_paired"}
+
+
+def run(args, env=None, timeout=120):
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+def bench(*args, env=None):
+    return run([sys.executable, "-m", "pycomm.bench", "--np", "2"] + TINY + list(args), env)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Every collective, both placements, blocking mode, gloo as the baseline, --out."""
+    out = tmp_path_factory.mktemp("bench") / "out"
+    proc = bench("--collective", "all", "-b", "64", "-e", "128", "--mode", "blocking",
+                 "--backends", "pycomm,gloo", "--baseline", "gloo", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "run.json") as f:
+        doc = json.load(f)
+    return proc, out, doc
+
+
+def test_busbw_factors_are_nccl_tests():
+    n = 4
+    assert {name: c.busbw_factor(n) for name, c in COLLECTIVES.items()} == {
+        "all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n,
+        "all_gather": (n - 1) / n, "broadcast": 1.0, "all_to_all": (n - 1) / n}
+
+
+def test_sizes_round_to_whole_chunks():
+    # 100 B of float32 is 25 elements; split over 4 ranks, 24 (6 per rank) are used.
+    assert COLLECTIVES["all_reduce"].elements(100, "float32", 4) == (25, 25)
+    assert COLLECTIVES["reduce_scatter"].elements(100, "float32", 4) == (24, 6)
+    assert COLLECTIVES["all_to_all"].elements(100, "bfloat16", 4) == (48, 12)
+
+
+def test_sweep_json_has_every_column(sweep):
+    _, _, doc = sweep
+    results = doc["results"]
+    assert doc["config"]["nranks"] == 2 and doc["subject"] == "gloo"
+    placements = {(r["collective"], r["inplace"]) for r in results}
+    assert placements == {("all_reduce", True), ("reduce_scatter", True),
+                          ("reduce_scatter", False), ("all_gather", True),
+                          ("all_gather", False), ("broadcast", True), ("all_to_all", False)}
+    for r in results:
+        assert COLUMNS <= set(r), COLUMNS - set(r)
+        coll = COLLECTIVES[r["collective"]]
+        assert r["busbw_factor"] == coll.busbw_factor(2)
+        assert r["busbw"] == pytest.approx(r["algbw"] * r["busbw_factor"])
+        assert r["wrong"] == 0
+        assert 0 <= r["relerr"] < 1e-6
+        assert re.fullmatch(r"[0-9a-f]{8}", r["hash"])
+        assert r["repeats_match"] is True
+        assert r["ranks_match"] is (True if coll.replicated else None)
+        assert r["p50_us"] > 0 and r["p99_us"] >= r["p50_us"]
+        assert len(r["call_s"]) == 2 and all(len(calls) == 2 for calls in r["call_s"])
+        if r["backend"] == "gloo":
+            assert r["x_baseline"] == 1.0
+        else:
+            assert r["x_baseline"] == pytest.approx(r["time_us"] / next(
+                g["time_us"] for g in results if g["backend"] == "gloo" and all(
+                    g[k] == r[k] for k in ("collective", "inplace", "dtype", "op", "bytes"))))
+    # Both backends compute the same exact reductions on the same Gaussian data.
+    hashes = {}
+    for r in results:
+        hashes.setdefault((r["collective"], r["inplace"], r["bytes"]), set()).add(r["hash"])
+    assert all(len(h) == 1 for h in hashes.values())
+
+
+def test_sweep_json_lines_carry_the_environment(sweep):
+    _, out, doc = sweep
+    with open(out / "run.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert len(lines) == len(doc["results"])
+    for line in lines:
+        assert COLUMNS <= set(line)
+        env = line["env"]
+        assert env["world_size"] == 2 and env["launcher"] == "spawn"
+        assert env["host"]["cpu_count"] >= 1 and "torch" in env["host"]["versions"]
+        assert env["git"] is None or re.fullmatch(r"[0-9a-f]{40}", env["git"]["commit"])
+        assert env["mode"]["name"] == "blocking"
+
+
+def test_sweep_report_and_plots(sweep):
+    proc, out, _ = sweep
+    for name in ("busbw.png", "latency.png"):
+        with open(out / name, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    assert "![busbw](busbw.png)" in report and "![latency](latency.png)" in report
+    assert "| collective | size (B) |" in report and "## Comparison" in report
+    for column in ("p50_us", "p99_us", "#wrong", "relerr", "hash", "ranks", "repeats", "xbase"):
+        assert column in proc.stdout
+    assert "# correctness: all results exact" in proc.stdout
+
+
+def test_planted_error_is_counted_and_fails_the_run(tmp_path):
+    path = tmp_path / "run.json"
+    proc = bench("--sizes", "64", "--backends", "gloo", "--json", str(path),
+                 env={"PYCOMM_BENCH_PLANT_ERROR": "1"})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "WRONG" in proc.stdout
+    assert json.loads(path.read_text())["results"][0]["wrong"] == 1
+
+
+def test_torchrun_launcher_and_compression_error(tmp_path):
+    path = tmp_path / "run.jsonl"
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(_free_port()), "-m", "pycomm.bench", "--sizes", "1K",
+                "--backends", "pycomm,c16=pycomm:compression=fp16", "--jsonl", str(path)]
+               + TINY)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("# backend: pycomm") == 1     # rank 0 reports, alone
+    rows = {r["backend"]: r for r in map(json.loads, path.read_text().splitlines())}
+    assert rows["pycomm"]["env"]["launcher"] == "torchrun"
+    assert rows["pycomm"]["env"]["world_size"] == 2
+    assert rows["pycomm"]["relerr"] < 1e-6 < rows["c16"]["relerr"] < 1e-2
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--collective", "broadcast", "--backends", "x=pycomm:algorithm=ring"],
+     "direct API, which has no broadcast"),
+    (["--collective", "allreduce", "--inplace", "0"], "all_reduce has no out-of-place form"),
+    (["--collective", "scan"], "unknown collective 'scan'"),
+    (["--backends", "pycomm,gloo", "--baseline", "nccl"], "--baseline nccl is not a backend"),
+    (["-d", "float64"], "not supported by the harness yet"),
+])
+def test_bad_flags_exit_64(args, message, capsys):
+    assert bench_main(args) == 64
+    assert message in capsys.readouterr().err
+
+
+def test_nccl_needs_cuda(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert bench_main(["--backends", "nccl"]) == 64
+    assert "backend nccl needs a CUDA device" in capsys.readouterr().err
+
+
+def compare(old, new):
+    return run([sys.executable, os.path.join(ROOT, "bench", "compare.py"), str(old), str(new)])
+
+
+def test_compare_identical_runs_pass(sweep):
+    _, out, _ = sweep
+    proc = compare(out / "run.json", out / "run.jsonl")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 regressions" in proc.stdout and "REGRESSION" not in proc.stdout
+
+
+def test_compare_flags_a_planted_regression(sweep, tmp_path):
+    _, out, doc = sweep
+    slower = copy.deepcopy(doc)
+    row = slower["results"][0]
+    # x4: more than any 2-repeat spread ((max - min) / median < 2) can excuse.
+    row["time_us"] *= 4
+    row["per_repeat_us"] = [t * 4 for t in row["per_repeat_us"]]
+    path = tmp_path / "slower.json"
+    path.write_text(json.dumps(slower))
+    proc = compare(out / "run.json", path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    flagged = [line for line in proc.stdout.splitlines() if line.endswith("REGRESSION")]
+    assert len(flagged) == 1 and row["collective"] in flagged[0]
+    assert "1 regressions" in proc.stdout
