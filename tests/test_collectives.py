@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from _collective_checks import FAMILIES, report_failures, run_families
 from _harness import BACKEND, is_gloo, run_world
-from _values import (DTYPES, FLOATING, check_avg, check_equal, int_valued, payload,
-                     red_op, reduce_exact)
+from _values import (DTYPES, FLOATING, check_avg, check_equal, dname, int_valued, payload,
+                     random_float, red_op, reduce_exact)
 
 FAMILY_NAMES = list(FAMILIES)
 
@@ -86,75 +86,130 @@ def test_per_collective_algorithm_knob():
 
 
 # --------------------------------------------------------------------------------------
-# soak: random sequence of collectives (same seed on every rank), sync and async mixed
+# soak: a random sequence of collectives (the same seed on every rank), sync and async
+# mixed, and on pycomm random per-call options (algorithm, compression, determinism)
 # --------------------------------------------------------------------------------------
 
 SOAK_ITERATIONS = 20000 if os.environ.get("PYCOMM_SOAK") == "1" else 300
+SOAK_WS = 4
+SOAK_ALGORITHMS = [None, "ring", "tree", "oneshot", "twoshot", "hierarchical"]
+# DESIGN.md section 4: relative RMS error against float64 on Gaussian data, per codec.
+CODEC_BOUNDS = {"fp16": 1e-3, "bf16": 5e-3, "fp8_e4m3": 6e-2, "fp8_e5m2": 1.2e-1}
+# Codecs that shrink a dtype's elements (others leave the call uncompressed).
+CODECS_FOR = {torch.float32: list(CODEC_BOUNDS), torch.float16: ["fp8_e4m3", "fp8_e5m2"],
+              torch.bfloat16: ["fp8_e4m3", "fp8_e5m2"]}
+
+
+def _soak_options(rng, dtype):
+    """pycomm per-call options for one call ({} for gloo or the group's defaults)."""
+    if is_gloo() or rng.random() < 0.3:
+        return {}
+    codecs = CODECS_FOR.get(dtype, [])
+    return {"algorithm": rng.choice(SOAK_ALGORITHMS),
+            "deterministic": rng.choice([None, True, "exact"]),
+            "compression": rng.choice([None] * 2 + codecs) if codecs else None}
+
+
+def _check_compressed(got, contributions, bound):
+    """[] if a compressed result is within the codec's bound of the float64 sum of the
+    contributions (one per rank; a single one for all-gather). The bound is the contract's
+    relative RMS error on Gaussian data of some size; on a few elements, sums can cancel,
+    so there it applies to the scale each quantization works at: the sum of magnitudes."""
+    if got.numel() == 0:
+        return []
+    stack = torch.stack([c.double() for c in contributions])
+    exp = stack.sum(0)
+    scale = (exp if got.numel() >= 4096 else stack.abs().sum(0)).norm().item() or 1.0
+    err = (got.double() - exp).norm().item()
+    if torch.isfinite(got).all() and err <= bound * scale:
+        return []
+    return ["relative RMS error %.3g > %.3g" % (err / scale, bound)]
 
 
 def _soak_step(rng, rank, ws, step):
-    """Issue one random collective; return (work or None, check) where check() -> list."""
+    """Issue one random collective; return (description, work or None, check) where
+    check() -> list."""
+    import pycomm
+
     dtype = rng.choice(DTYPES)
     n = rng.choice([0, 1, rng.randint(2, 5000), rng.randint(5000, 300000)])
     kind = rng.choice(["all_reduce", "broadcast", "all_gather_into_tensor",
                        "reduce_scatter_tensor", "all_to_all_single"])
     async_op = rng.random() < 0.5
     seed = step
+    options = _soak_options(rng, dtype) if kind in ("all_reduce", "all_gather_into_tensor",
+                                                    "reduce_scatter_tensor") else {}
+    what = "%s of %d %s %s" % (kind, n, dname(dtype), options or "")
+    api = pycomm if options else dist
+    codec = options.get("compression")
+    bound = CODEC_BOUNDS.get(codec)  # compressed: Gaussian inputs, checked against float64
     if kind == "all_reduce":
-        op = rng.choice(["SUM", "MAX", "MIN"] + (["AVG"] if dtype in FLOATING else []))
-        inputs = [int_valued(seed, r, n, dtype, op, ws) for r in range(ws)]
+        op = "SUM" if codec else rng.choice(["SUM", "MAX", "MIN"] + (["AVG"] if dtype in FLOATING else []))
+        inputs = [(random_float if codec else int_valued)(seed, r, n, dtype, op, ws) for r in range(ws)]
         t = inputs[rank].clone()
-        w = dist.all_reduce(t, op=red_op(op), async_op=async_op)
+        w = api.all_reduce(t, op=red_op(op), async_op=async_op, **options)
+        if codec:
+            return what, w, lambda: _check_compressed(t, inputs, bound)
         exp = reduce_exact(inputs, dtype, op, ws)
-        return w, lambda: check_avg(t, exp) if op == "AVG" else check_equal(t, exp)
+        return what, w, lambda: check_avg(t, exp) if op == "AVG" else check_equal(t, exp)
     if kind == "broadcast":
         root = rng.randrange(ws)
         exp = payload(seed, root, n, dtype)
         t = exp.clone() if rank == root else torch.zeros_like(exp)
         w = dist.broadcast(t, src=root, async_op=async_op)
-        return w, lambda: check_equal(t, exp)
+        return what, w, lambda: check_equal(t, exp)
     if kind == "all_gather_into_tensor":
         inputs = [payload(seed, r, n, dtype) for r in range(ws)]
         out = torch.zeros(ws * n, dtype=dtype)
-        w = dist.all_gather_into_tensor(out, inputs[rank], async_op=async_op)
-        return w, lambda: check_equal(out, torch.cat(inputs))
+        w = api.all_gather_into_tensor(out, inputs[rank], async_op=async_op, **options)
+        exp = torch.cat(inputs)
+        return what, w, lambda: _check_compressed(out, [exp], bound) if codec else check_equal(out, exp)
     if kind == "reduce_scatter_tensor":
-        inputs = [int_valued(seed, r, ws * n, dtype, "SUM", ws) for r in range(ws)]
+        inputs = [(random_float if codec else int_valued)(seed, r, ws * n, dtype, "SUM", ws)
+                  for r in range(ws)]
         out = torch.zeros(n, dtype=dtype)
-        w = dist.reduce_scatter_tensor(out, inputs[rank], async_op=async_op)
-        exp = reduce_exact(inputs, dtype, "SUM", ws)[rank * n:(rank + 1) * n]
-        return w, lambda: check_equal(out, exp)
+        w = api.reduce_scatter_tensor(out, inputs[rank], async_op=async_op, **options)
+        mine = slice(rank * n, (rank + 1) * n)
+        if codec:
+            return what, w, lambda: _check_compressed(out, [x[mine] for x in inputs], bound)
+        exp = reduce_exact(inputs, dtype, "SUM", ws)[mine]
+        return what, w, lambda: check_equal(out, exp)
     inputs = [payload(seed, r, ws * n, dtype) for r in range(ws)]
     out = torch.zeros(ws * n, dtype=dtype)
     w = dist.all_to_all_single(out, inputs[rank], async_op=async_op)
     exp = torch.cat([inputs[src][rank * n:(rank + 1) * n] for src in range(ws)])
-    return w, lambda: check_equal(out, exp)
+    return what, w, lambda: check_equal(out, exp)
 
 
 def soak_world(rank, ws, iterations, seed):
+    """Returns (operations run, failures)."""
     import warnings
 
     warnings.simplefilter("ignore", FutureWarning)
     rng = random.Random(seed)  # same sequence of choices on every rank
-    failures, pending = [], []
+    failures, pending, done = [], [], 0
     for step in range(iterations):
         pending.append((step, _soak_step(rng, rank, ws, step)))
         # Let up to 4 async works pile up, then drain in issue order.
         if len(pending) >= rng.randint(1, 4) or step == iterations - 1:
-            for s, (w, check) in pending:
+            for s, (what, w, check) in pending:
                 if w is not None:
                     w.wait()
-                failures += ["step %d: %s" % (s, p) for p in check()]
+                failures += ["step %d, %s: %s" % (s, what, p) for p in check()]
+                done += 1
             pending = []
         if len(failures) > 20:
             break
-    return failures
+    return done, failures
 
 
 @pytest.mark.slow
 def test_soak_random_collectives():
     iterations = SOAK_ITERATIONS
-    results = run_world(soak_world, 3, args=(iterations, 12345), pg_timeout=PG_TIMEOUT_S,
-                        timeout=240 if iterations <= 1000 else 3600)
-    failures = ["rank %d: %s" % (r, f) for r, fs in enumerate(results) for f in fs]
+    results = run_world(soak_world, SOAK_WS, args=(iterations, 12345), pg_timeout=PG_TIMEOUT_S,
+                        timeout=300 if iterations <= 1000 else 7200)
+    print("soak: %d ranks, %d operations per rank, %d failures"
+          % (SOAK_WS, results[0][0], sum(len(f) for _, f in results)))
+    failures = ["rank %d: %s" % (r, f) for r, (_, fs) in enumerate(results) for f in fs]
     assert not failures, "\n".join(failures)
+    assert all(done == iterations for done, _ in results), [done for done, _ in results]
