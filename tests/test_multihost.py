@@ -12,10 +12,12 @@ Rendezvous: c10d (torchrun --rdzv-backend=c10d) hosted by host 0's agent, with i
 needed.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -132,3 +134,86 @@ def test_every_algorithm_across_shaped_link():
         # Each host sends at least one 1 MiB all-reduce's cross-host share many times over.
         assert sent > 8 << 20, "host %d's shaped link carried only %d bytes\n%s" % (host, sent, story)
         assert overlimits > 0, "host %d's shaper never throttled (%d bytes)\n%s" % (host, sent, story)
+
+
+# --------------------------------------------------------------------------------------
+# link faults: a connection reset, and total packet loss, on the link between two hosts
+# --------------------------------------------------------------------------------------
+
+LINK_WORKER = os.path.join(HERE, "_link_fault_worker.py")
+LINK_PG_TIMEOUT_S = 5
+# When the survivors must have failed, counted from the fault: a reset is seen at once;
+# lost packets are noticed at the group timeout.
+LINK_FAULT_BOUND_S = {"reset": 3.0, "loss": LINK_PG_TIMEOUT_S + 5.0}
+_RESULT_RE = re.compile(r"^RESULT (\{.*\})$", re.M)
+_CONTRACT_RE = re.compile(r"pycomm: allreduce #\d+ .* on group '[^']*' failed on rank \d: .*rank \d")
+
+
+def _wait_for_files(paths, limit_s):
+    end = time.monotonic() + limit_s
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _break_link(hosts, fault):
+    """reset: host 1 aborts its pycomm connections to host 0 (ss -K sends an RST; the
+    rendezvous store's connections, on its port, are spared); loss: host 1's switch port
+    goes down, so every packet from either side is dropped."""
+    if fault == "reset":
+        _netns._run(hosts.hosts[1].command([
+            _netns._tool("ss"), "-K", "dst", hosts.hosts[0].addr, "and", "dport", "!=", ":29400",
+            "and", "sport", "!=", ":29400"]))
+    else:
+        _netns._run([_netns.IP, "-n", hosts.switch, "link", "set", "port1", "down"])
+
+
+def _restore_link(hosts, fault):
+    if fault == "loss":
+        _netns._run([_netns.IP, "-n", hosts.switch, "link", "set", "port1", "up"])
+
+
+@pytest.mark.parametrize("fault", ["reset", "loss"])
+def test_link_fault_fails_every_rank_in_time(fault, tmp_path):
+    marker = lambda name: str(tmp_path / name)  # noqa: E731
+    with _netns.Hosts(2) as hosts:
+        cmds = _netns.torchrun_commands(
+            hosts, sys.executable, LINK_WORKER,
+            ["--marker-dir", str(tmp_path), "--pg-timeout", LINK_PG_TIMEOUT_S, "--deadline", 100],
+            nproc=1)
+        outcome = {}
+
+        def inject():
+            # Between calls of the workers' loops, once both are looping; then the link
+            # comes back, so that the jobs (and torchrun's rendezvous) end normally.
+            outcome["ready"] = _wait_for_files([marker("ready-0"), marker("ready-1")], 90)
+            if not outcome["ready"]:
+                return
+            time.sleep(0.5)
+            with open(marker("fault.tmp"), "w") as f:
+                f.write(repr(time.monotonic()))
+            os.replace(marker("fault.tmp"), marker("fault"))
+            _break_link(hosts, fault)
+            outcome["failed"] = _wait_for_files([marker("failed-0"), marker("failed-1")], 60)
+            _restore_link(hosts, fault)
+            open(marker("restored"), "w").close()
+
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+        results, timed_out = _netns.run_jobs(cmds, JOB_TIMEOUT_S)
+        injector.join(timeout=10)
+        story = "%s\n%s" % (hosts.describe(), "\n".join(r.describe() for r in results))
+    assert outcome.get("ready"), "the ranks never started looping\n" + story
+    assert not timed_out and all(r.rc == 0 for r in results), story
+    reports = [json.loads(m.group(1)) for r in results for m in _RESULT_RE.finditer(r.output)]
+    assert sorted(r["rank"] for r in reports) == [0, 1], story
+    for r in reports:
+        print("%s: rank %d failed %.2f s after the fault: %s" % (
+            fault, r["rank"], r.get("after_fault_s", -1), r.get("message", "")[:300]))
+        assert r["raised"], "rank %d never saw the %s\n%s" % (r["rank"], fault, story)
+        assert 0 <= r["after_fault_s"] <= LINK_FAULT_BOUND_S[fault], story
+        assert _CONTRACT_RE.search(r["message"]), "the error names no op, seq or peer:\n" + story
+        if fault == "loss":
+            assert "timed out" in r["message"], story
