@@ -3,7 +3,9 @@
 ranks on different hosts can only talk over TCP through the veth links, and ranks of one
 host over shared memory. _multihost_worker.py checks every algorithm against exact
 expectations; this file checks the jobs end well and that pycomm saw the intended
-topology (its PYCOMM_DEBUG=INFO line per rank: node, shm peers, TCP peers).
+topology (its PYCOMM_DEBUG=INFO line per rank: node, shm peers, TCP peers). The link-fault
+tests break the link between two hosts mid-job (_link_fault_worker.py) and check that
+both ranks fail in time with errors naming the op, its sequence number and the peer.
 
 Root only (namespaces): skips with the reason otherwise.
 
