@@ -203,11 +203,15 @@ def soak_world(rank, ws, iterations, seed):
     return done, failures
 
 
+SOAK_DEADLINE_S = 300 if SOAK_ITERATIONS <= 1000 else 7200
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(SOAK_DEADLINE_S + 60)  # beyond the harness's own deadline
 def test_soak_random_collectives():
     iterations = SOAK_ITERATIONS
     results = run_world(soak_world, SOAK_WS, args=(iterations, 12345), pg_timeout=PG_TIMEOUT_S,
-                        timeout=300 if iterations <= 1000 else 7200)
+                        timeout=SOAK_DEADLINE_S)
     print("soak: %d ranks, %d operations per rank, %d failures"
           % (SOAK_WS, results[0][0], sum(len(f) for _, f in results)))
     failures = ["rank %d: %s" % (r, f) for r, (_, fs) in enumerate(results) for f in fs]
