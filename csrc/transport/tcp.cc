@@ -14,7 +14,8 @@
 // forming. Connects, accepts and handshakes all progress together in one poll() loop.
 //
 // Wire. Each frame is a FrameHeader (48 bytes) followed by `bytes` payload bytes: Data
-// frames carry at most chunk_bytes(); an Abort frame carries the reason (<= 1 KiB).
+// frames carry at most chunk_bytes(); an Abort frame carries the reason (<= 1 KiB, shown
+// as printable text).
 // Every received header is checked (magic, kind, size) before its payload is read.
 //
 // Slots and ownership. Each channel has `pipeline_depth` outbound and inbound slots of
@@ -161,6 +162,30 @@ bool secret_matches(const Hello& h, const std::string& secret) {
   return diff == 0;
 }
 
+// True when `h` is a handshake message of kind `magic` (Hello or Ack) for rank `to` that
+// proves the secret; the sender's rank is the caller's to check. Reserved must be zero, so
+// that every byte of the message is checked. The secret is compared even when the rest is
+// invalid, to keep timing uniform.
+bool handshake_valid(const Hello& h, uint32_t magic, int to, const std::string& secret) {
+  const bool fields = h.magic == magic && h.version == kProtocolVersion && h.reserved == 0 && h.to_rank == to;
+  return secret_matches(h, secret) && fields;
+}
+
+// A peer's abort reason as it goes into an error message: printable ASCII, any other byte
+// as \xNN. The bytes come off the wire: a NUL would cut the message short, bytes that are
+// not UTF-8 would fail its conversion to a Python string, control characters could forge
+// log lines.
+std::string printable_reason(const char* p, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(p[i]);
+    if (c >= 0x20 && c < 0x7f) s += static_cast<char>(c);
+    else s += {'\\', 'x', hex[c >> 4], hex[c & 15]};
+  }
+  return s;
+}
+
 std::string ipv4_text(const in_addr& a) {
   char buf[INET_ADDRSTRLEN] = {};
   inet_ntop(AF_INET, &a, buf, sizeof buf);
@@ -258,7 +283,7 @@ class MeshBuilder {
         if (o.phase == Phase::Idle && now >= o.retry_at) start_connect(o);
       for (auto& i : in_)
         if (i.fd && now - i.since > kHandshakeTimeout) drop(i);
-      in_.erase(std::remove_if(in_.begin(), in_.end(), [](const Incoming& i) { return !i.fd; }), in_.end());
+      prune();
       Clock::time_point wake = s_.deadline.at;
       fds.clear();
       for (auto& o : out_) {
@@ -413,8 +438,7 @@ class MeshBuilder {
       o.off += static_cast<size_t>(n);
       if (o.off < sizeof o.reply) return;
       const Hello& r = o.reply;
-      if (r.magic != kAckMagic || r.version != kProtocolVersion || r.from_rank != o.peer ||
-          r.to_rank != s_.rank || !secret_matches(r, s_.secret))
+      if (!(handshake_valid(r, kAckMagic, s_.rank, s_.secret) && r.from_rank == o.peer))
         return retry_later(o, "invalid handshake reply");
       result_[o.peer] = std::move(o.fd);
       o.phase = Phase::Done;
@@ -433,9 +457,17 @@ class MeshBuilder {
       i.fd = Fd(c);
       i.since = Clock::now();
       set_nodelay(c);
+      // Only connections still handshaking may be evicted: one dropped or finished this
+      // round (its socket moved to result_) is forgotten first, so that evicting it never
+      // frees the rank it claimed, nor wastes the eviction.
+      prune();
       in_.push_back(std::move(i));
       if (in_.size() > kMaxPendingHandshakes) drop(in_.front()), in_.erase(in_.begin());
     }
+  }
+
+  void prune() {
+    in_.erase(std::remove_if(in_.begin(), in_.end(), [](const Incoming& i) { return !i.fd; }), in_.end());
   }
 
   void drop(Incoming& i) {
@@ -455,11 +487,9 @@ class MeshBuilder {
       i.off += static_cast<size_t>(n);
       if (i.off < sizeof i.hello) return;
       const Hello& h = i.hello;
-      const bool valid = h.magic == kHelloMagic && h.version == kProtocolVersion &&
-                         h.to_rank == s_.rank && h.from_rank > s_.rank && h.from_rank < s_.size &&
-                         expected_[h.from_rank] && !claimed_[h.from_rank];
-      // The secret is checked even when the rest is invalid, to keep timing uniform.
-      if (!(secret_matches(h, s_.secret) && valid)) return drop(i);
+      const bool from_ok = h.from_rank > s_.rank && h.from_rank < s_.size && expected_[h.from_rank] &&
+                           !claimed_[h.from_rank];
+      if (!(handshake_valid(h, kHelloMagic, s_.rank, s_.secret) && from_ok)) return drop(i);
       i.peer = h.from_rank;
       claimed_[i.peer] = 1;
       i.ack = make_hello(kAckMagic, s_.rank, i.peer, s_.secret);
@@ -923,7 +953,7 @@ void TcpTransport::read_ready(TcpChannel& c) {
       c.in_off_ = 0;
       if (h.kind == static_cast<uint16_t>(FrameKind::Abort))
         return fail_channel(c, ErrorKind::PeerFailure,
-                            c.peer_.describe() + " aborted: " + std::string(c.reason_, h.bytes));
+                            c.peer_.describe() + " aborted: " + printable_reason(c.reason_, h.bytes));
       {
         std::lock_guard<std::mutex> lk(mu_);
         ++c.filled_;  // hands the slot to the compute thread
@@ -1084,7 +1114,7 @@ std::optional<std::string> TcpTransport::peek_abort_reason(TcpChannel& c) {
     }
     if (h.kind == static_cast<uint16_t>(FrameKind::Abort) && h.bytes <= kMaxReason &&
         pos + kHeaderBytes + h.bytes <= end)
-      return std::string(buf.get() + pos + kHeaderBytes, h.bytes);
+      return printable_reason(buf.get() + pos + kHeaderBytes, h.bytes);
     break;
   }
   return std::nullopt;
