@@ -59,20 +59,81 @@ else
 endif
 
 # The torch-free core's own tests: threads of one process over real shm and TCP. The core
-# is compiled once into objects that every test links.
+# is compiled once per flavour into objects that every test of that flavour links:
+# build/cpp (core-test, -O2), build/asan and build/tsan (sanitize).
 CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/device/*.cc)
-CORE_OBJECTS := $(patsubst csrc/%.cc,build/cpp/core/%.o,$(CORE_SOURCES))
+CORE_HEADERS := $(wildcard csrc/*/*.h)
 CORE_CXXFLAGS := -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc
-CPP_TESTS := $(patsubst tests/cpp/%.cc,build/cpp/%,$(wildcard tests/cpp/test_*.cc))
-.SECONDARY: $(CORE_OBJECTS)  # kept between runs, not deleted as intermediates
-build/cpp/core/%.o: csrc/%.cc $(wildcard csrc/*/*.h)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CORE_CXXFLAGS) -c $< -o $@
-build/cpp/%: tests/cpp/%.cc $(CORE_OBJECTS) $(wildcard csrc/*/*.h tests/cpp/*.h)
-	$(CXX) $(CORE_CXXFLAGS) -Itests/cpp $(CORE_OBJECTS) $< -o $@
+SAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra -pthread -Icsrc
+cpp_CXXFLAGS := $(CORE_CXXFLAGS)
+asan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# -Wno-tsan: gcc warns that TSan ignores std::atomic_thread_fence. The shm transport's
+# fences only order its `sleeping` flags against the counters (whether to call futex
+# wake), all relaxed atomics that TSan never reports; the payloads are handed over by
+# release/acquire on the counters (stated to TSan by annotations there).
+tsan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=thread -Wno-tsan
+
+# $(call cpp_test_rules,FLAVOUR): FLAVOUR_OBJECTS (the core in build/FLAVOUR/core),
+# FLAVOUR_TESTS (build/FLAVOUR/test_* from every tests/cpp/test_*.cc) and their rules,
+# compiled and linked with FLAVOUR_CXXFLAGS.
+define cpp_test_rules
+$(1)_OBJECTS := $$(patsubst csrc/%.cc,build/$(1)/core/%.o,$$(CORE_SOURCES))
+$(1)_TESTS := $$(patsubst tests/cpp/%.cc,build/$(1)/%,$$(wildcard tests/cpp/test_*.cc))
+.SECONDARY: $$($(1)_OBJECTS)  # kept between runs, not deleted as intermediates
+build/$(1)/core/%.o: csrc/%.cc $$(CORE_HEADERS)
+	@mkdir -p $$(dir $$@)
+	$$(CXX) $$($(1)_CXXFLAGS) -c $$< -o $$@
+build/$(1)/%: tests/cpp/%.cc $$($(1)_OBJECTS) $$(CORE_HEADERS) $$(wildcard tests/cpp/*.h)
+	$$(CXX) $$($(1)_CXXFLAGS) -Itests/cpp $$($(1)_OBJECTS) $$< -o $$@
+endef
+SAN_FLAVOURS := asan tsan
+$(foreach f,cpp $(SAN_FLAVOURS),$(eval $(call cpp_test_rules,$(f))))
+CPP_TESTS := $(cpp_TESTS)
 
 core-test: $(CPP_TESTS)
 	@for t in $(CPP_TESTS); do echo "$$t"; timeout 300 $$t || exit 1; done
+
+# sanitize: every C++ test under AddressSanitizer + UndefinedBehaviorSanitizer, then under
+# ThreadSanitizer (sanitize-asan, sanitize-tsan: one of them). The first report stops the
+# test with a failing status (halt_on_error; UBSan cannot recover, being compiled with
+# -fno-sanitize-recover), and so fails the target; so does a leak at exit (LeakSanitizer)
+# or a test that outlives SANITIZE_TIMEOUT seconds. Slower code gets 10x the timing
+# bounds of the tests (PYCOMM_TEST_SLACK). tests/cpp/tsan.supp is where a TSan report
+# shown to be a false positive would go, with its reason (none so far).
+SANITIZE_TIMEOUT ?= 300
+asan_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+tsan_ENV := TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/cpp/tsan.supp
+# gcc 12's sanitizer runtimes place their shadow memory at fixed addresses that assume at
+# most 28 bits of mmap randomisation: with more (vm.mmap_rnd_bits=32 is the default of
+# recent kernels on some distributions), TSan dies with "unexpected memory mapping" and
+# ASan can loop on DEADLYSIGNAL. There the tests run with this process's address space
+# randomisation off (setarch -R, no privilege needed, unlike the sysctl), and when even that
+# is refused (a seccomp filter on personality(), as in Docker's default), the target fails
+# saying so rather than report the runtime's crash as a bug of pycomm.
+# $(call run_sanitized,FLAVOUR): runs every FLAVOUR test, with its options and a timeout.
+define run_sanitized
+run=""; bits=$$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0); \
+if [ "$$bits" -gt 28 ]; then \
+  if setarch "$$(uname -m)" -R true 2>/dev/null; then run="setarch $$(uname -m) -R"; \
+  else echo "make sanitize: vm.mmap_rnd_bits=$$bits is more than gcc's sanitizer runtimes support and setarch -R is refused here: set vm.mmap_rnd_bits=28" >&2; exit 1; fi; \
+fi; \
+for t in $($(1)_TESTS); do \
+  echo "$$t ($(1))"; start=$$(date +%s); \
+  $($(1)_ENV) PYCOMM_TEST_SLACK=10 timeout -k 10 $(SANITIZE_TIMEOUT) $$run $$t; rc=$$?; \
+  echo "$$t ($(1)): exit status $$rc, $$(( $$(date +%s) - start )) s"; \
+  if [ $$rc -ne 0 ]; then \
+    [ $$rc -eq 124 ] && echo "make sanitize: $$t ran past $(SANITIZE_TIMEOUT) s" >&2; \
+    exit 1; \
+  fi; \
+done
+endef
+.PHONY: sanitize $(addprefix sanitize-,$(SAN_FLAVOURS))
+$(foreach f,$(SAN_FLAVOURS),$(eval sanitize-$(f): $$($(f)_TESTS) ; @$$(call run_sanitized,$(f))))
+# Every flavour is built before the first runs (make -j builds them in parallel); the
+# tests run one at a time, never two flavours at once, for the timing bounds.
+sanitize: $(foreach f,$(SAN_FLAVOURS),$($(f)_TESTS))
+	@$(foreach f,$(SAN_FLAVOURS),$(call run_sanitized,$(f));)
 
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
 test: build cuda-check core-test

@@ -98,7 +98,17 @@ void exact_nonfinite_pass(const A* const* rows, int k, size_t m, const M* amax, 
 // is also compiled for wider vectors, chosen when the program loads by what the CPU has.
 // Every clone computes the same bits: each operation is correctly rounded, and the one
 // product (a power-of-two scaling) is exact, so fused multiply-adds change nothing.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Under ThreadSanitizer, the default clone only: the clones' resolver (an ifunc) is
+// instrumented too, and the dynamic loader runs it before the TSan runtime is initialised,
+// which crashes the program at load (google/sanitizers#342).
+#if defined(__SANITIZE_THREAD__)
+#define PYCOMM_TSAN_BUILD
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PYCOMM_TSAN_BUILD
+#endif
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PYCOMM_TSAN_BUILD)
 #define PYCOMM_WIDE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define PYCOMM_WIDE_VECTOR_CLONES
