@@ -6,7 +6,6 @@ new groups can be created in the same processes afterwards. No /dev/shm leak eit
 
 import datetime
 import os
-import re
 import signal
 import threading
 import time
@@ -15,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _fault_checks import contract_problems, first_lines, second_call, sticky_problems
 from _harness import BACKEND, WORLD, is_gloo, new_file_init_method, run_world
 
 WS = 3            # odd, and every survivor is a ring neighbour of the victim
@@ -25,31 +25,8 @@ BIG = 3 * 2 ** 18  # floats per all_reduce: 3 MiB
 DEAD_PEER_BOUND_S = 10.0
 # Group timeout for the dead-peer test: large, so a pass proves detection, not timeout.
 DEAD_PEER_PG_TIMEOUT_S = 300
-# A poisoned group must refuse the next call quickly.
-FAIL_FAST_S = 1.0
 # Survivors give up (and the test fails) if nothing happened for this long.
 LOOP_LIMIT_S = 45
-
-
-def _first_lines(exc, n=4):
-    return " | ".join(str(exc).strip().splitlines()[:n])[:1500]
-
-
-def _contract_problems(msg, peer_pattern):
-    """What the error message lacks per the contract (pycomm only; gloo words it its way)."""
-    if is_gloo():
-        return []
-    low = msg.lower()
-    problems = []
-    if "pycomm" not in low:
-        problems.append("no 'pycomm'")
-    if "allreduce" not in low and "all_reduce" not in low:
-        problems.append("no collective name 'allreduce'")
-    if not re.search(r"#\d+", msg):
-        problems.append("no sequence number '#<n>'")
-    if not re.search(peer_pattern, msg):
-        problems.append("no peer matching %r" % peer_pattern)
-    return problems
 
 
 def _die(stamp_path):
@@ -59,16 +36,6 @@ def _die(stamp_path):
         f.write(repr(time.monotonic()))
     os.replace(tmp, stamp_path)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _second_call(t):
-    """After the first error: the poisoned group must refuse at once, naming the cause."""
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(t)
-        return {"raised": False, "elapsed": time.monotonic() - t0}
-    except Exception as e:  # noqa: BLE001
-        return {"raised": True, "elapsed": time.monotonic() - t0, "msg": _first_lines(e)}
 
 
 def killed_peer_world(rank, ws, stamp_path, mode):
@@ -100,13 +67,13 @@ def killed_peer_world(rank, ws, stamp_path, mode):
     except Exception as e:  # noqa: BLE001
         t_err = time.monotonic()
         out = {"raised": True, "type": type(e).__name__,
-               "runtime_error": isinstance(e, RuntimeError), "msg": _first_lines(e)}
+               "runtime_error": isinstance(e, RuntimeError), "msg": first_lines(e)}
     try:
         with open(stamp_path) as f:
             out["delay"] = t_err - float(f.read())
     except FileNotFoundError:
         out["delay"] = None  # failed before the victim died
-    out["second"] = _second_call(t)
+    out["second"] = second_call(t)
     return out
 
 
@@ -146,24 +113,11 @@ def test_dead_peer_detected(tmp_path, shm_guard, transport, mode):
             problems.append("rank %d noticed the death after %.1fs (bound %ss)"
                             % (rank, r["delay"], DEAD_PEER_BOUND_S))
         problems += ["rank %d: message %s: %r" % (rank, p, r["msg"])
-                     for p in _contract_problems(r["msg"], r"rank %d\b" % VICTIM)]
+                     for p in contract_problems(r["msg"], r"rank %d\b" % VICTIM)]
         if not is_gloo():  # stickiness is pycomm's contract
-            problems += _sticky_problems(rank, r["second"], r"rank %d\b" % VICTIM)
+            problems += sticky_problems(rank, r["second"], r"rank %d\b" % VICTIM)
     assert not problems, "dead peer, transport=%s, kill %s collectives (backend %s):\n%s" % (
         transport, mode, BACKEND, "\n".join(problems))
-
-
-def _sticky_problems(rank, second, cause_pattern):
-    if not second["raised"]:
-        return ["rank %d: a second all_reduce on the failed group did not raise" % rank]
-    problems = []
-    if second["elapsed"] >= FAIL_FAST_S:
-        problems.append("rank %d: second all_reduce took %.2fs to fail (bound %ss)"
-                        % (rank, second["elapsed"], FAIL_FAST_S))
-    if not re.search(cause_pattern, second["msg"], re.IGNORECASE):
-        problems.append("rank %d: second error does not name the original cause (%r): %r"
-                        % (rank, cause_pattern, second["msg"]))
-    return problems
 
 
 # --------------------------------------------------------------------------------------
@@ -202,8 +156,8 @@ def hung_peer_world(rank, ws, reinit_url):
             out.update(raised=False, elapsed=time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001
             out.update(raised=True, elapsed=time.monotonic() - t0, type=type(e).__name__,
-                       runtime_error=isinstance(e, RuntimeError), msg=_first_lines(e))
-            out["second"] = _second_call(t)
+                       runtime_error=isinstance(e, RuntimeError), msg=first_lines(e))
+            out["second"] = second_call(t)
     dist.barrier(group=side)
     # Recovery 1: a new group in the same processes, next to the poisoned default group.
     g = dist.new_group(timeout=long)
@@ -243,9 +197,9 @@ def test_hung_peer_times_out_then_recovers(tmp_path, shm_guard):
         # In a ring the waiting rank may be blocked on a neighbour, not the sleeper itself:
         # require some peer, not a particular one.
         problems += ["rank %d: message %s: %r" % (rank, p, r["msg"])
-                     for p in _contract_problems(r["msg"], r"rank \d+")]
+                     for p in contract_problems(r["msg"], r"rank \d+")]
         if not is_gloo():
-            problems += _sticky_problems(rank, r["second"], r"timed out")
+            problems += sticky_problems(rank, r["second"], r"timed out")
     assert not problems, "hung peer (backend %s):\n%s" % (BACKEND, "\n".join(problems))
 
 
@@ -268,7 +222,7 @@ def missing_peer_world(rank, ws, stamp_path):
         return {"raised": False, "elapsed": time.monotonic() - t0, "group": repr(g)}
     except Exception as e:  # noqa: BLE001
         return {"raised": True, "elapsed": time.monotonic() - t0, "type": type(e).__name__,
-                "msg": _first_lines(e)}
+                "msg": first_lines(e)}
 
 
 def test_peer_dead_before_group_creation(tmp_path, shm_guard):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/fault.h"
 #include "core/perturbation.h"
 #include "core/topology.h"
 #include "core/transport.h"
@@ -63,6 +64,7 @@ struct Context {
   // algorithm whose helper thread must not outlive a failure of the calling thread.
   std::function<void(const std::string&)> abort;
   const Perturbation* perturb = nullptr;  // test hook (PYCOMM_TEST_PERTURB); null: none
+  const FaultInjector* fault = nullptr;   // test hook (PYCOMM_FAULT) for this rank; null: none
   const FrameTrace* trace = nullptr;      // PYCOMM_DEBUG=TRACE; null: off
   Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
 
@@ -103,12 +105,13 @@ struct Segments {
 template <class Fill>
 void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
   if (cx.perturb) cx.perturb->before_send(cx.stamp.seq);
-  Channel& ch = cx.to(peer);
-  void* slot = ch.begin_send(cx.deadline);
-  fill(slot);
   FrameHeader h;
   h.bytes = static_cast<uint32_t>(bytes);
   h.op = cx.stamp;
+  if (cx.fault) cx.fault->before_send(h, cx.abort);  // point "during": may act, or corrupt h
+  Channel& ch = cx.to(peer);
+  void* slot = ch.begin_send(cx.deadline);
+  fill(slot);
   ch.end_send(h);
   if (cx.trace) cx.trace->frame(cx.stamp, true, cx.group_rank(peer), bytes);
 }

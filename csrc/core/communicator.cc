@@ -57,7 +57,6 @@ std::string random_secret() {
   return hex;
 }
 
-// Fields are separated by \x1f, which none of them contains.
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::string cur;
@@ -90,6 +89,8 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
       recorder_(config_.flight_recorder_entries) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
+  // Parsed before the store is touched, so that a malformed spec leaves nothing behind.
+  const std::vector<FaultSpec> faults = FaultInjector::parse(config_.fault);
   // Distinct instances of a group that reuse one store (re-initialisation in the same
   // processes) get distinct keys: every rank of instance i draws from [i*size+1, (i+1)*size].
   const int64_t ticket = store.add("pycomm/instances", 1);
@@ -101,20 +102,61 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   if (config_.log_level >= LogLevel::Trace)
     frame_trace_.reset(new FrameTrace{"pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": "});
   connect(store, prefix);
+  // Armed after set-up: faults target operations, not the calibration's frames.
+  fault_ = FaultInjector::make(faults, rank_);
 }
 
 Communicator::~Communicator() = default;
 
+// Rendezvous data: pid, hostname, host key, wire configuration, world size; fields are
+// separated by \x1f, which none of them contains.
+constexpr char kSep = '\x1f';
+constexpr size_t kRendezvousFields = 5;
+
+// Counters (Store::add never waits, unlike Store::wait) that each rank bumps as it starts:
+// <prefix>/size/<rank> by its world size, then <prefix>/claims/<rank> by one.
+std::string Communicator::start_up_disagreements(Store& store, const std::string& prefix) const {
+  std::string found;
+  for (int r = 0; r < size_; ++r) {
+    const std::string rank = "rank " + std::to_string(r);
+    const int64_t claims = store.add(prefix + "/claims/" + std::to_string(r), 0);  // 0: not arrived
+    const int64_t size = store.add(prefix + "/size/" + std::to_string(r), 0);
+    if (claims > 1)
+      found += "; " + rank + " was claimed by " + std::to_string(claims) + " processes";
+    else if (claims == 1 && size != size_)
+      found += "; " + rank + " was started with world size " + std::to_string(size) + ", this rank with " +
+               std::to_string(size_);
+  }
+  return found;
+}
+
 void Communicator::connect(Store& store, const std::string& prefix) {
-  const char sep = '\x1f';
+  // The counters start_up_disagreements() reads. A second process started as this rank
+  // fails at once; the others time out below, and the diagnosis names the duplicate.
+  store.add(prefix + "/size/" + std::to_string(rank_), size_);
+  if (store.add(prefix + "/claims/" + std::to_string(rank_), 1) > 1)
+    fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': another process already joined as rank " +
+                                         std::to_string(rank_) + " (every process needs a rank of its own)");
   std::ostringstream mine;
-  mine << getpid() << sep << hostname() << sep << host_key() << sep << wire_config(config_);
-  const auto all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str(), Deadline::after(timeout_));
+  mine << getpid() << kSep << hostname() << kSep << host_key() << kSep << wire_config(config_) << kSep << size_;
+  std::vector<std::string> all;
+  try {
+    all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str(), Deadline::after(timeout_));
+  } catch (const Error& e) {
+    // A missing rank is often a misconfigured one: say what the counters tell.
+    if (e.kind() != ErrorKind::Timeout) throw;
+    fail(ErrorKind::Timeout, e.what() + start_up_disagreements(store, prefix));
+  }
   std::map<std::string, int> node_of_host;
   ranks_.resize(size_);
   for (int r = 0; r < size_; ++r) {
-    const auto f = split(all[r], sep);
-    if (f.size() != 4) fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(r) + " published malformed rendezvous data");
+    const auto f = split(all[r], kSep);
+    if (f.size() != kRendezvousFields)
+      fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(r) + " published malformed rendezvous data");
+    if (f[4] != std::to_string(size_))
+      fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': rank " + std::to_string(r) +
+                                           " was started with world size " + f[4] + ", this rank (rank " +
+                                           std::to_string(rank_) + ") with " + std::to_string(size_));
     if (f[3] != wire_config(config_))
       fail(ErrorKind::InvalidArgument,
            "pycomm: rank " + std::to_string(r) + " has different PYCOMM_TRANSPORT / RANKS_PER_NODE / *_CHUNK_BYTES / PIPELINE_DEPTH settings than rank " +
@@ -314,6 +356,7 @@ Context Communicator::context() const {
   // Transports only: the caller's failure then poisons the group with the full story.
   cx.abort = [this](const std::string& reason) { abort_transports(reason); };
   cx.perturb = perturb_.get();
+  cx.fault = fault_.get();
   cx.trace = frame_trace_.get();
   cx.workspace = &workspace_;
   return cx;
@@ -480,6 +523,7 @@ void Communicator::execute(const Request& rq) {
   const bool coded = rq.options.compression != Compression::None;
   const bool ordered = rq.options.determinism != Determinism::Default;
   try {
+    if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
     if (rq.device >= 0) {
       DevicePath& d = device_path(rq.device);
       cx.ops = d.ops.get();
@@ -519,6 +563,8 @@ void Communicator::execute(const Request& rq) {
       case Collective::Recv: p2p_recv(cx, rq); break;
       case Collective::Barrier: dissemination_barrier(cx, rq); break;
     }
+    // Inside the try: a fault raised here fails this operation like any other failure.
+    if (fault_) fault_->at(FaultPoint::After, cx.stamp, cx.abort);
   } catch (const Error& e) {
     std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ + "' failed on rank " +
                        std::to_string(rank_) + ": " + e.what();

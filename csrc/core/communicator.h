@@ -72,6 +72,9 @@ class Communicator {
 
  private:
   void connect(Store& store, const std::string& prefix);
+  // "; rank 1 was claimed by 2 processes; rank 0 was started with world size 3, ...":
+  // what the store shows of ranks started inconsistently (empty: nothing).
+  std::string start_up_disagreements(Store& store, const std::string& prefix) const;
   void calibrate(Store& store, const std::string& prefix);
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Selection& chosen);
@@ -102,6 +105,7 @@ class Communicator {
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
+  std::unique_ptr<FaultInjector> fault_;         // PYCOMM_FAULT for this rank; null when none
   std::unique_ptr<FrameTrace> frame_trace_;      // PYCOMM_DEBUG=TRACE; null otherwise
   Recorder recorder_;
   mutable Workspace workspace_{cpu_ops()};      // operations run one at a time

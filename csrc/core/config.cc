@@ -26,6 +26,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
       {"PYCOMM_SPIN_US", "-1", "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30."},
       {"PYCOMM_TEST_PERTURB", "", "Test hook: <seed>:<max_us>[:<rank>[:<step>]] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals; with <step>, exactly max_us before the step-th frame (from 0) of each collective only."},
+      {"PYCOMM_FAULT", "", "Test hook: <rank>:<op>:<seq>:<point>:<action>[:<arg>][,...] injects a fault on one rank at an operation (op as logs name it, or *; seq as errors show it, or *) at point before|during|during@<k>|after: kill (SIGKILL), stop (SIGSTOP), exit[:<status>] (_exit), raise (an Internal error), delay:<ms>, drop (abort the rank's transports) or corrupt[:seq|count|bytes] (a header field of the frame, during only)."},
       {"PYCOMM_DEBUG", "WARN", "Logging to stderr: WARN|INFO|TRACE (INFO: a line per group, and rank 0 logs a line per operation when it ends: sequence number, op, bytes, dtype, algorithm, compression, determinism level, time; TRACE: every rank logs each operation's start and end, and every frame it sends or receives)."},
       {"PYCOMM_FLIGHT_RECORDER", "64", "Operations each rank's flight recorder keeps per group (0: none); written as JSON when an operation fails or times out, and on demand (pycomm.dump_flight_recorder)."},
       {"PYCOMM_FLIGHT_RECORDER_DIR", "", "Directory of the flight recorder's files pycomm-flight-recorder-<group>-rank<r>-pid<pid>.json (default: $TMPDIR, else /tmp)."},
@@ -110,6 +111,7 @@ Config Config::from_env() {
   c.spin_us = static_cast<int>(int_knob("PYCOMM_SPIN_US", -1, 1000000));
   c.eager_bytes = static_cast<size_t>(int_knob("PYCOMM_EAGER_BYTES", 0, 1LL << 40));
   c.test_perturb = knob_value("PYCOMM_TEST_PERTURB");
+  c.fault = knob_value("PYCOMM_FAULT");
   c.flight_recorder_entries = static_cast<size_t>(int_knob("PYCOMM_FLIGHT_RECORDER", 0, 1 << 20));
   c.flight_recorder_dir = knob_value("PYCOMM_FLIGHT_RECORDER_DIR");
   if (c.flight_recorder_dir.empty()) {

@@ -47,6 +47,7 @@ struct Config {
   size_t flight_recorder_entries = 0; // operations kept per group
   std::string flight_recorder_dir;    // where its files go (never empty)
   std::string test_perturb;           // PYCOMM_TEST_PERTURB (tests only)
+  std::string fault;                  // PYCOMM_FAULT (tests only; see fault.h)
 
   // Reads every knob from the environment; a malformed value is an InvalidArgument error.
   static Config from_env();

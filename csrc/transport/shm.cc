@@ -16,8 +16,9 @@
 // Waiting: spin for SpinPolicy::spin, then sleep on a futex on the counter, in slices of
 // kLivenessSlice. A waker skips the futex syscall unless the `sleeping` flag is set; both
 // sides order flag and counter with seq_cst fences (Dekker), and FUTEX_WAIT re-checks the
-// counter in the kernel, so no wake-up is lost. Between slices a waiter checks the
-// deadline, both segments' abort flags and whether the peer process still exists.
+// counter in the kernel, so no wake-up is lost. Before waiting, a waiter checks its own
+// segment's abort flag; between slices, the deadline, both segments' abort flags and
+// whether the peer process still exists.
 //
 // Lifetime: segments are created O_EXCL with mode 0600 under unpredictable names
 // (/pycomm-<pid>-<random>) and unlinked by their creator as soon as every peer has mapped
@@ -100,6 +101,31 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ti
 }
 void futex_wake_all(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT32_MAX, nullptr); }
 
+// ThreadSanitizer keys synchronisation by address, and each side reaches a ring's counters
+// through its own mapping of the segment, at another address than its peer's: TSan cannot
+// see that the counters order the payloads (above). With payloads in the segment, that
+// hides nothing (each side also reads the payloads at its own addresses), but a SlotArena
+// that threads of one process map at the same address (the tests' stand-in device) would
+// be reported as racing. So a TSan build states the counters' ordering on the payload's
+// address, which both sides share: release where a counter is stored with release,
+// acquire where it is loaded with acquire. Nothing in any other build.
+#if defined(__SANITIZE_THREAD__)
+#define PYCOMM_TSAN_ANNOTATIONS
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PYCOMM_TSAN_ANNOTATIONS
+#endif
+#endif
+#ifdef PYCOMM_TSAN_ANNOTATIONS
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void tsan_acquire(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
+void tsan_release(const void* p) { __tsan_release(const_cast<void*>(p)); }
+#else
+void tsan_acquire(const void*) {}
+void tsan_release(const void*) {}
+#endif
+
 bool process_exists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
 // Removes segments left by set-ups that crashed before unlinking (creator pid gone).
@@ -181,11 +207,13 @@ class ShmChannel final : public Channel {
     wait_for(out_->head, out_->sender_sleeping, deadline, "free a slot for", [&] {
       return sent_ - out_->head.load(std::memory_order_acquire) < layout_.depth;
     });
-    return out_payloads_.base + (sent_ % layout_.depth) * out_payloads_.stride;
+    tsan_acquire(out_payload(sent_));
+    return out_payload(sent_);
   }
 
   void end_send(const FrameHeader& header) override {
     std::memcpy(layout_.slot(mine_->base, out_ring_, sent_), &header, sizeof header);
+    tsan_release(out_payload(sent_));
     out_->tail.store(++sent_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (out_->receiver_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&out_->tail);
@@ -199,10 +227,12 @@ class ShmChannel final : public Channel {
     FrameHeader got;
     std::memcpy(&got, slot, sizeof got);
     check_frame(got, expect, peer_);
-    return in_payloads_.base + (received_ % layout_.depth) * in_payloads_.stride;
+    tsan_acquire(in_payload(received_));
+    return in_payload(received_);
   }
 
   void end_recv() override {
+    tsan_release(in_payload(received_));
     in_->head.store(++received_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (in_->sender_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&in_->head);
@@ -219,9 +249,12 @@ class ShmChannel final : public Channel {
   void drain(const Deadline& deadline) {
     wait_for(out_->head, out_->sender_sleeping, deadline, "hand over the last frames to",
              [&] { return out_->head.load(std::memory_order_acquire) == sent_; });
+    for (uint32_t i = 0; i < layout_.depth; ++i) tsan_acquire(out_payload(i));
   }
 
  private:
+  char* out_payload(uint32_t frame) const { return out_payloads_.base + (frame % layout_.depth) * out_payloads_.stride; }
+  const char* in_payload(uint32_t frame) const { return in_payloads_.base + (frame % layout_.depth) * in_payloads_.stride; }
   template <class Ready>
   void wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
                 const Deadline& deadline, const char* what, Ready ready);
@@ -322,10 +355,14 @@ class ShmTransport final : public Transport {
       if (c) c->wake_all();
   }
 
-  // Throws if this transport or the segment `m` (a peer's) has been aborted.
-  void check_aborted(const Mapping& peer_segment, const PeerInfo& peer) const {
+  // Throws if this transport has been aborted.
+  void check_open() const {
     if (own_.header()->aborted.load(std::memory_order_acquire) == 1)
       fail(ErrorKind::PeerFailure, std::string(own_.header()->reason));
+  }
+  // Throws if this transport or the segment `m` (a peer's) has been aborted.
+  void check_aborted(const Mapping& peer_segment, const PeerInfo& peer) const {
+    check_open();
     if (peer_segment.header()->aborted.load(std::memory_order_acquire) == 1)
       fail(ErrorKind::PeerFailure,
            peer.describe() + " aborted: " + std::string(peer_segment.header()->reason));
@@ -397,6 +434,10 @@ class ShmTransport final : public Transport {
 template <class Ready>
 void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
                           const Deadline& deadline, const char* what, Ready ready) {
+  // Aborted, every wait fails, even one that would not block (as over TCP): abort() must
+  // stop every thread of this rank, whatever the peers have already sent. A peer's abort
+  // is seen below, once its frames sent before are consumed (as over TCP).
+  transport_->check_open();
   if (spin_until(ready, transport_->spin())) return;
   for (;;) {
     check_alive(deadline, what);
