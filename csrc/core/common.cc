@@ -62,15 +62,14 @@ std::string describe(const OpStamp& op) {
   std::ostringstream os;
   const auto c = static_cast<Collective>(op.collective);
   os << name_of(c) << " #" << op.seq << " (" << name_of(static_cast<DataType>(op.dtype));
-  if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce)
+  if (reduces(c))
     os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
   os << ", " << op.count << " elements";
-  if (c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather)
+  if (selects_algorithm(c))
     os << ", " << name_of(static_cast<Algorithm>(op.algorithm));
   if (op.compression)
     os << ", " << name_of(static_cast<Compression>(op.compression)) << "/" << (size_t{1} << op.compression_block);
-  if (c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
-      c == Collective::Scatter)
+  if (has_root(c))
     os << ", root " << op.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", tag " << op.root;
   os << ")";

@@ -392,15 +392,11 @@ std::string Communicator::describe_transports() const {
 void Communicator::validate(Request& rq) const {
   const auto bad = [](const std::string& what) { fail(ErrorKind::InvalidArgument, "pycomm: " + what); };
   const char* name = name_of(rq.collective);
-  const bool reduces = rq.collective == Collective::AllReduce || rq.collective == Collective::ReduceScatter ||
-                       rq.collective == Collective::Reduce;
-  if (reduces) {
+  if (reduces(rq.collective)) {
     check_reducible(rq.dtype, rq.reduction);
     rq.reduction = normalized(rq.dtype, rq.reduction);
   }
-  const bool rooted = rq.collective == Collective::Broadcast || rq.collective == Collective::Reduce ||
-                      rq.collective == Collective::Gather || rq.collective == Collective::Scatter;
-  if (rooted && (rq.root < 0 || rq.root >= size_))
+  if (has_root(rq.collective) && (rq.root < 0 || rq.root >= size_))
     bad(std::string(name) + ": root " + std::to_string(rq.root) + " is not a rank of this group of " + std::to_string(size_));
   if ((rq.collective == Collective::Send || rq.collective == Collective::Recv) &&
       (rq.root < 0 || rq.root >= size_ || rq.root == rank_))
@@ -412,12 +408,9 @@ void Communicator::validate(Request& rq) const {
   // and all-gather of float32 (any codec) and of 16-bit floats (fp8 codecs). Every other
   // call runs uncompressed, so a group-wide PYCOMM_COMPRESSION never touches integers.
   if (rq.options.compression != Compression::None) {
-    const bool collective_applies = rq.collective == Collective::AllReduce ||
-                                    rq.collective == Collective::ReduceScatter ||
-                                    rq.collective == Collective::AllGather;
     const bool dtype_applies = rq.dtype == DataType::Float32 || rq.dtype == DataType::Float16 ||
                                rq.dtype == DataType::BFloat16;
-    if (!collective_applies || !dtype_applies || code_size(rq.options.compression) >= element_size(rq.dtype))
+    if (!selects_algorithm(rq.collective) || !dtype_applies || code_size(rq.options.compression) >= element_size(rq.dtype))
       rq.options.compression = Compression::None;
     if (!rq.options.compression_block) rq.options.compression_block = config_.compression_block;
   }
@@ -446,10 +439,6 @@ OpStamp Communicator::stamp_for(const Request& rq, const Selection& chosen) {
 }
 
 namespace {
-
-bool selects_algorithm(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather;
-}
 
 // S of an operation as nccl-tests counts it: the whole array (per-rank counts times ranks).
 uint64_t operation_bytes(const Request& rq, int size) {

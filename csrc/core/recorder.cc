@@ -34,15 +34,6 @@ const char* state_name(OpState s) {
   return "?";
 }
 
-bool reduces(Collective c) {
-  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
-}
-
-bool rooted(Collective c) {
-  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
-         c == Collective::Scatter;
-}
-
 void record_json(std::ostream& os, const OpRecord& r, std::chrono::steady_clock::time_point now) {
   const OpStamp& s = r.stamp;
   const auto c = static_cast<Collective>(s.collective);
@@ -53,7 +44,7 @@ void record_json(std::ostream& os, const OpRecord& r, std::chrono::steady_clock:
      << ", \"dtype\": \"" << name_of(static_cast<DataType>(s.dtype)) << "\", \"count\": " << s.count
      << ", \"bytes\": " << r.bytes;
   if (reduces(c)) os << ", \"reduce_op\": \"" << name_of(static_cast<ReduceKind>(s.reduce)) << '"';
-  if (rooted(c)) os << ", \"root\": " << s.root;
+  if (has_root(c)) os << ", \"root\": " << s.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", \"tag\": " << s.root;
   os << ", \"algorithm\": \"" << algorithm_label(s) << "\", \"compression\": \""
      << name_of(static_cast<Compression>(s.compression)) << '"';

@@ -46,10 +46,8 @@ bool serves(Algorithm a, Collective collective, const Topology& topology, std::s
     if (why) *why = reason;
     return false;
   };
-  const bool reducing_or_gathering = collective == Collective::AllReduce || collective == Collective::ReduceScatter ||
-                                     collective == Collective::AllGather;
   if (a == Algorithm::Auto) return true;
-  if (!reducing_or_gathering) return no(std::string(name_of(collective)) + " has a single algorithm");
+  if (!selects_algorithm(collective)) return no(std::string(name_of(collective)) + " has a single algorithm");
   switch (a) {
     case Algorithm::Auto: case Algorithm::Ring: case Algorithm::OneShot: return true;
     case Algorithm::TwoShot: case Algorithm::Tree:

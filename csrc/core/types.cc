@@ -69,6 +69,19 @@ const char* name_of(Collective c) {
   return "?";
 }
 
+bool reduces(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+
+bool has_root(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
+         c == Collective::Scatter;
+}
+
+bool selects_algorithm(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather;
+}
+
 const char* name_of(Compression c) {
   switch (c) {
     case Compression::None: return "none";

@@ -16,6 +16,10 @@ enum class Collective : uint8_t {
   Send, Recv, Barrier,
 };
 const char* name_of(Collective c);
+// The classes of collectives the core treats alike.
+bool reduces(Collective c);            // AllReduce, ReduceScatter, Reduce: take a reduce op
+bool has_root(Collective c);           // Broadcast, Reduce, Gather, Scatter
+bool selects_algorithm(Collective c);  // AllReduce, ReduceScatter, AllGather: several algorithms, compression
 
 enum class ReduceKind : uint8_t { Sum, Avg, Product, Min, Max, BitAnd, BitOr, BitXor, PremulSum };
 
