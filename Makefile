@@ -63,8 +63,8 @@ endif
 # build/cpp (core-test, -O2), build/asan and build/tsan (sanitize).
 CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/device/*.cc)
 CORE_HEADERS := $(wildcard csrc/*/*.h)
-CORE_CXXFLAGS := -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc
-SAN_CXXFLAGS := -std=c++17 -O1 -g -Wall -Wextra -pthread -Icsrc
+CORE_CXXFLAGS := -std=c++17 -O2 -fno-trapping-math -Wall -Wextra -pthread -Icsrc
+SAN_CXXFLAGS := -std=c++17 -O1 -g -fno-trapping-math -Wall -Wextra -pthread -Icsrc
 cpp_CXXFLAGS := $(CORE_CXXFLAGS)
 asan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 # -Wno-tsan: gcc warns that TSan ignores std::atomic_thread_fence. The shm transport's

@@ -34,10 +34,16 @@ struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
 struct Bool8 { uint8_t value; };  // torch.bool: one byte holding 0 or 1
 
+// The conversions to and from 16- and 8-bit formats compute in 32-bit integers, take and
+// return their codes widened to uint32_t (the code in the low bits), compute every case and
+// select one without branches, and convert integers to float from int32_t: a loop over
+// them then runs in 32-bit lanes from its loads to its stores, narrowing or widening only
+// there, and vectorizes on every x86-64 level (unsigned conversions and narrow
+// intermediates would not).
+
 // IEEE binary16 from binary32, round to nearest even; NaN -> quiet NaN keeping the sign,
-// overflow -> Inf (the same results as torch's float->half cast). Every case is computed
-// and one selected, without branches, so loops over it vectorize.
-PYCOMM_HD uint16_t half_bits_from_float(float f) {
+// overflow -> Inf (the same results as torch's float->half cast).
+PYCOMM_HD uint32_t half_bits_from_float(float f) {
   const uint32_t x = bit_cast_<uint32_t>(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
@@ -48,27 +54,27 @@ PYCOMM_HD uint16_t half_bits_from_float(float f) {
   // for the lanes that select another case).
   const uint32_t normal = (ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13;
   const uint32_t r = ax >= 0x47800000u ? special : ax < 0x38800000u ? sub : normal;
-  return static_cast<uint16_t>(sign | r);
+  return sign | r;
 }
 
-PYCOMM_HD float float_from_half_bits(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+PYCOMM_HD float float_from_half_bits(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
   const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);
   const uint32_t normal = (em << 13) + 0x38000000u;
-  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(em) * 5.9604644775390625e-8f);  // em * 2^-24
+  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f);  // em * 2^-24
   return bit_cast_<float>(sign | (em >= 0x7c00u ? special : em >= 0x0400u ? normal : sub));
 }
 
 // bfloat16 from binary32, round to nearest even; every NaN -> 0x7fc0 (as torch does).
-PYCOMM_HD uint16_t bf16_bits_from_float(float f) {
-  if (f != f) return 0x7fc0u;
+PYCOMM_HD uint32_t bf16_bits_from_float(float f) {
   const uint32_t x = bit_cast_<uint32_t>(f);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return (x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded;
 }
 
-PYCOMM_HD float float_from_bf16_bits(uint16_t b) {
-  return bit_cast_<float>(static_cast<uint32_t>(b) << 16);
+PYCOMM_HD float float_from_bf16_bits(uint32_t b) {
+  return bit_cast_<float>(b << 16);
 }
 
 // Storage type -> accumulation type, and the conversions between them.
@@ -80,12 +86,12 @@ template <class T> struct Numeric {
 template <> struct Numeric<Half> {
   using Acc = float;
   static PYCOMM_HD Acc load(Half v) { return float_from_half_bits(v.bits); }
-  static PYCOMM_HD Half store(Acc v) { return Half{half_bits_from_float(v)}; }
+  static PYCOMM_HD Half store(Acc v) { return Half{static_cast<uint16_t>(half_bits_from_float(v))}; }
 };
 template <> struct Numeric<BFloat16> {
   using Acc = float;
   static PYCOMM_HD Acc load(BFloat16 v) { return float_from_bf16_bits(v.bits); }
-  static PYCOMM_HD BFloat16 store(Acc v) { return BFloat16{bf16_bits_from_float(v)}; }
+  static PYCOMM_HD BFloat16 store(Acc v) { return BFloat16{static_cast<uint16_t>(bf16_bits_from_float(v))}; }
 };
 template <> struct Numeric<Bool8> {
   using Acc = uint8_t;
@@ -256,9 +262,8 @@ PYCOMM_HD A exact_nonfinite(uint32_t seen) {
 
 // 8-bit float (1 sign, E exponent, M mantissa bits, bias 2^(E-1)-1) from a float that is
 // finite and within the format's range: round to nearest even, subnormals included.
-// Branch-free like half_bits_from_float.
 template <int E, int M>
-PYCOMM_HD uint8_t fp8_bits_from_finite(float f) {
+PYCOMM_HD uint32_t fp8_bits_from_finite(float f) {
   constexpr uint32_t kBias = (1u << (E - 1)) - 1;
   constexpr uint32_t kMinNormal = (127 + 1 - kBias) << 23;        // bits of 2^(1-bias)
   constexpr uint32_t kMagic = (127 + 1 - kBias + 23 - M) << 23;   // ulp of the subnormals = 1
@@ -268,37 +273,37 @@ PYCOMM_HD uint8_t fp8_bits_from_finite(float f) {
   const uint32_t sub = bit_cast_<uint32_t>(bit_cast_<float>(ax) + bit_cast_<float>(kMagic)) - kMagic;
   const uint32_t rounded = ax + ((1u << (22 - M)) - 1) + ((ax >> (23 - M)) & 1u);
   const uint32_t normal = (rounded >> (23 - M)) - ((127 - kBias) << M);
-  return static_cast<uint8_t>(sign | (ax < kMinNormal ? sub : normal));
+  return sign | (ax < kMinNormal ? sub : normal);
 }
 
 // The float value of a finite 8-bit code (exponent field not all ones for e5m2).
 template <int E, int M>
-PYCOMM_HD float float_from_fp8_finite(uint8_t c) {
+PYCOMM_HD float float_from_fp8_finite(uint32_t c) {
   constexpr uint32_t kBias = (1u << (E - 1)) - 1;
-  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t sign = (c & 0x80u) << 24;
   const uint32_t em = c & 0x7fu;  // exponent and mantissa
   const uint32_t normal = ((em << (23 - M)) + ((127 - kBias) << 23));
-  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(em) *
+  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) *
                                            bit_cast_<float>((127 + 1 - kBias - M) << 23));
   return bit_cast_<float>(sign | (em < (1u << M) ? sub : normal));
 }
 
 // One code format per codec: Code (the stored integer), kScaled (whether blocks are
 // scaled at all), kTarget (the largest magnitude a finite scaled value may have),
-// encode(scaled value, any float), decode(code).
+// encode(scaled value, any float) -> the code widened to uint32_t, decode(code).
 struct CodeFp16 {
   using Code = uint16_t;
   static constexpr bool kScaled = true;
   static constexpr float kTarget = 65504.0f;
-  static PYCOMM_HD Code encode(float v) { return half_bits_from_float(v); }
-  static PYCOMM_HD float decode(Code c) { return float_from_half_bits(c); }
+  static PYCOMM_HD uint32_t encode(float v) { return half_bits_from_float(v); }
+  static PYCOMM_HD float decode(uint32_t c) { return float_from_half_bits(c); }
 };
 struct CodeBf16 {  // fp32's range: the scale is always 1
   using Code = uint16_t;
   static constexpr bool kScaled = false;
   static constexpr float kTarget = 3.4028234663852886e38f;
-  static PYCOMM_HD Code encode(float v) { return bf16_bits_from_float(v); }
-  static PYCOMM_HD float decode(Code c) { return float_from_bf16_bits(c); }
+  static PYCOMM_HD uint32_t encode(float v) { return bf16_bits_from_float(v); }
+  static PYCOMM_HD float decode(uint32_t c) { return float_from_bf16_bits(c); }
 };
 // The 8-bit codes: NaN is 0x7f (and, for e5m2, every code above Inf's); Inf is kInf,
 // with the sign bit for -Inf.
@@ -306,17 +311,17 @@ template <int E, int M, uint32_t kInf>
 struct CodeFp8 {
   using Code = uint8_t;
   static constexpr bool kScaled = true;
-  static PYCOMM_HD Code encode(float v) {
+  static PYCOMM_HD uint32_t encode(float v) {
     const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
-    const uint8_t finite = fp8_bits_from_finite<E, M>(v);
-    const uint8_t inf = static_cast<uint8_t>(((x >> 24) & 0x80u) | kInf);
-    return ax > 0x7f800000u ? 0x7f : ax == 0x7f800000u ? inf : finite;
+    const uint32_t finite = fp8_bits_from_finite<E, M>(v);
+    const uint32_t inf = ((x >> 24) & 0x80u) | kInf;
+    return ax > 0x7f800000u ? 0x7fu : ax == 0x7f800000u ? inf : finite;
   }
-  static PYCOMM_HD float decode(Code c) {
-    const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-    const float finite = float_from_fp8_finite<E, M>(c);
+  static PYCOMM_HD float decode(uint32_t c) {
+    const uint32_t sign = (c & 0x80u) << 24;
+    const uint32_t finite = bit_cast_<uint32_t>(float_from_fp8_finite<E, M>(c));
     const uint32_t em = c & 0x7fu;
-    return em > kInf ? bit_cast_<float>(0x7fc00000u) : em == kInf ? bit_cast_<float>(sign | 0x7f800000u) : finite;
+    return bit_cast_<float>(em > kInf ? 0x7fc00000u : em == kInf ? sign | 0x7f800000u : finite);
   }
 };
 // e4m3 has no Inf: its largest finite code (448) stands for it, finite values stay <= 416.

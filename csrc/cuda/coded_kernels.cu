@@ -35,10 +35,9 @@ struct Scaled {
     s.overflow = isinf(Code::decode(Code::encode(bit_cast_<float>(amax) * s.inv)) * s.scale);
     return s;
   }
-  __device__ typename Code::Code encode(float v) const {
-    const auto code = Code::encode(v * inv);
-    return overflow && isfinite(v) && isinf(Code::decode(code) * scale) ? static_cast<typename Code::Code>(code - 1)
-                                                                          : code;
+  __device__ uint32_t encode(float v) const {
+    const uint32_t code = Code::encode(v * inv);
+    return overflow && isfinite(v) && isinf(Code::decode(code) * scale) ? code - 1 : code;
   }
 };
 
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
       char* enc = static_cast<char*>(out) + b * stride;
       if (lane == 0) *reinterpret_cast<float*>(enc) = s.scale;
       C* codes = reinterpret_cast<C*>(enc + sizeof(float));
-      for (int i = lane; i < m; i += 32) codes[i] = s.encode(result[i]);
+      for (int i = lane; i < m; i += 32) codes[i] = static_cast<C>(s.encode(result[i]));
     }
     __syncwarp();  // term_scale and result are rewritten for the next codec block
   }

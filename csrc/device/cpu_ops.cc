@@ -196,9 +196,9 @@ void fold(const ReduceSpec& spec, void* out, const Term* terms, int k, size_t n,
 
 // The same fold with a codec, one codec block at a time (scales are per block). Input
 // terms are quantized on load; Encoded terms are decoded; the output is written in the
-// accumulation format, the storage format, or encoded (see Stage). Each operand costs
-// one or two passes over the block in L1: decoding folds as it goes, loading an input
-// finds its largest magnitude as it goes.
+// accumulation format, the storage format, or encoded (see Stage). Every operand of a
+// block is brought into fp32 in L1 and folded from there, so each one costs a few passes
+// over the block in L1 and one over its memory.
 constexpr size_t kMaxCodecBlock = 4096;
 
 // The largest finite magnitude is tracked on the bits (see magnitude_bits).
@@ -207,6 +207,10 @@ inline int32_t finite_magnitude(float f) {
   return nonfinite_magnitude(a) ? 0 : a;
 }
 
+// One block's conversions, which bound the compressed collectives on a CPU: compiled for
+// wider vectors too (as exact_sum), and every clone gives the same bits: the conversions
+// are integer code, each float operation is correctly rounded, and the scalings are exact
+// products by powers of two.
 template <class Code>
 struct BlockCodec {
   using C = typename Code::Code;
@@ -217,36 +221,47 @@ struct BlockCodec {
     return scale;
   }
   static const C* codes_of(const char* enc) { return reinterpret_cast<const C*>(enc + sizeof(float)); }
-  static void decode(const char* enc, float* v, size_t m) {
+  PYCOMM_WIDE_VECTOR_CLONES
+  static void decode(const char* enc, float* __restrict v, size_t m) {
     const float scale = scale_of(enc);
-    const C* codes = codes_of(enc);
+    const C* __restrict codes = codes_of(enc);
     for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
+  }
+  // v encoded with the scale of its largest finite magnitude.
+  PYCOMM_WIDE_VECTOR_CLONES
+  static void encode(const float* __restrict v, char* enc, size_t m) {
+    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    std::memcpy(enc, &scale, sizeof scale);
+    C* __restrict codes = reinterpret_cast<C*>(enc + sizeof(float));
+    if (may_overflow(amax, scale))
+      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(saturated(v[i], Code::encode(v[i] * inv), scale));
+    else
+      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(Code::encode(v[i] * inv));
+  }
+  // v = decode(encode(v)) in place.
+  PYCOMM_WIDE_VECTOR_CLONES
+  static void quantize(float* __restrict v, size_t m) {
+    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    if (may_overflow(amax, scale))
+      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated(v[i], Code::encode(v[i] * inv), scale)) * scale;
+    else
+      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
+  }
+
+ private:
+  __attribute__((always_inline)) static float largest_finite(const float* __restrict v, size_t m) {
+    int32_t amax = 0;
+    for (size_t i = 0; i < m; ++i) amax = std::max(amax, finite_magnitude(v[i]));
+    return bit_cast_<float>(amax);
   }
   // Near float32's maximum the nearest code times the scale can exceed it; then finite
   // values must saturate one code down instead of coming back infinite. Rounding is
   // monotonic, so only a block whose largest value overflows can hold such a code.
-  static bool may_overflow(float amax, float scale) {
+  __attribute__((always_inline)) static bool may_overflow(float amax, float scale) {
     return std::isinf(Code::decode(Code::encode(amax * inverse_scale(scale))) * scale);
   }
-  static C saturated(float v, C code, float scale) {
-    return std::isfinite(v) && std::isinf(Code::decode(code) * scale) ? static_cast<C>(code - 1) : code;
-  }
-  static void encode(const float* v, float amax, char* enc, size_t m) {
-    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    std::memcpy(enc, &scale, sizeof scale);
-    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
-    for (size_t i = 0; i < m; ++i) codes[i] = Code::encode(v[i] * inv);
-    if (may_overflow(amax, scale))
-      for (size_t i = 0; i < m; ++i) codes[i] = saturated(v[i], codes[i], scale);
-  }
-  // v = decode(encode(v)) in place; amax: the largest finite magnitude of v.
-  static void quantize(float* v, float amax, size_t m) {
-    const float scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    if (may_overflow(amax, scale)) {
-      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated(v[i], Code::encode(v[i] * inv), scale)) * scale;
-      return;
-    }
-    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
+  __attribute__((always_inline)) static uint32_t saturated(float v, uint32_t code, float scale) {
+    return std::isfinite(v) && std::isinf(Code::decode(code) * scale) ? code - 1 : code;
   }
 };
 
@@ -265,57 +280,34 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   std::vector<float> values(exact ? static_cast<size_t>(k) * block : 0);
   std::vector<const float*> rows(exact ? k : 0);
   float acc[kMaxCodecBlock], v[kMaxCodecBlock];
-  auto load_input = [&](int j, size_t base, size_t m, float* dst) {
-    const T* x = static_cast<const T*>(terms[j].data) + base;
-    int32_t amax = 0;
-    for (size_t i = 0; i < m; ++i) {
-      dst[i] = contribution<K>(N::load(x[i]), premul);
-      const int32_t a = finite_magnitude(dst[i]);
-      amax = a > amax ? a : amax;
+  // Term j's values of block b in fp32: an input's contribution quantized, partial
+  // values as they are, encoded values decoded.
+  auto load = [&](int j, size_t b, size_t base, size_t m, float* dst) {
+    const Term& t = terms[j];
+    switch (t.form) {
+      case Form::Input: {
+        const T* x = static_cast<const T*>(t.data) + base;
+        for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
+        if (quantize_inputs) BC::quantize(dst, m);
+        break;
+      }
+      case Form::Partial: std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float)); break;
+      case Form::Encoded: BC::decode(static_cast<const char*>(t.data) + b * stride, dst, m); break;
     }
-    if (quantize_inputs) BC::quantize(dst, bit_cast_<float>(amax), m);
   };
   for (size_t b = 0, base = 0; base < n; ++b, base += block) {
     const size_t m = std::min(block, n - base);
     if (exact) {
-      for (int j = 0; j < k; ++j) {
-        float* dst = values.data() + j * block;
-        const Term& t = terms[j];
-        if (t.form == Form::Input) load_input(j, base, m, dst);
-        else if (t.form == Form::Partial) std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float));
-        else BC::decode(static_cast<const char*>(t.data) + b * stride, dst, m);
-      }
+      for (int j = 0; j < k; ++j) load(j, b, base, m, values.data() + j * block);
       for (size_t s = 0; s < m; s += kExactBlock) {
         for (int j = 0; j < k; ++j) rows[j] = values.data() + j * block + s;
         exact_sum(rows.data(), k, std::min(kExactBlock, m - s), acc + s);
       }
-    }
-    for (int j = 0; j < k && !exact; ++j) {
-      switch (terms[j].form) {
-        case Form::Input: {
-          load_input(j, base, m, j == 0 ? acc : v);
-          if (j > 0)
-            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], v[i]);
-          break;
-        }
-        case Form::Partial: {
-          const float* x = static_cast<const float*>(terms[j].data) + base;
-          if (j == 0)
-            std::memcpy(acc, x, m * sizeof(float));
-          else
-            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], x[i]);
-          break;
-        }
-        case Form::Encoded: {
-          const char* enc = static_cast<const char*>(terms[j].data) + b * stride;
-          const float scale = BC::scale_of(enc);
-          const auto* codes = BC::codes_of(enc);
-          if (j == 0)
-            BC::decode(enc, acc, m);
-          else
-            for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], Code::decode(codes[i]) * scale);
-          break;
-        }
+    } else {
+      load(0, b, base, m, acc);
+      for (int j = 1; j < k; ++j) {
+        load(j, b, base, m, v);
+        for (size_t i = 0; i < m; ++i) acc[i] = reduce_op<K>(acc[i], v[i]);
       }
     }
     if constexpr (K == ReduceKind::Avg)
@@ -329,15 +321,7 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         break;
       }
       case Stage::Encoded:
-      case Stage::FinalEncoded: {
-        int32_t amax = 0;
-        for (size_t i = 0; i < m; ++i) {
-          const int32_t a = finite_magnitude(acc[i]);
-          amax = a > amax ? a : amax;
-        }
-        BC::encode(acc, bit_cast_<float>(amax), static_cast<char*>(out) + b * stride, m);
-        break;
-      }
+      case Stage::FinalEncoded: BC::encode(acc, static_cast<char*>(out) + b * stride, m); break;
     }
   }
 }
