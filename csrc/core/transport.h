@@ -92,6 +92,14 @@ class Channel {
   virtual const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) = 0;
   // Returns the slot from begin_recv() to the sender.
   virtual void end_recv() = 0;
+  // The host memory that holds this channel's slot payloads, for a device to page-lock so
+  // that its copies to and from the slots are direct DMA (see make_staged_channel); each
+  // range starts a page and shares no page with other data; it lives as long as the channel. Empty: nothing to offer.
+  struct Memory {
+    void* data;
+    size_t bytes;
+  };
+  virtual std::vector<Memory> slot_memory() const { return {}; }
 };
 
 class Transport {
@@ -142,8 +150,9 @@ std::unique_ptr<Transport> make_tcp_transport(const TransportSetup& setup);
 
 class DeviceOps;
 // A channel over `host` (a TCP channel, say) for payloads in device memory: each frame is
-// copied between a device staging slot and the host slot by `ops`. The network transfer
-// of one frame overlaps the device work of the next. `host` and `ops` must outlive it.
+// copied between a device staging slot and the host slot by `ops`, which page-locks the
+// host channel's slot memory for as long as this channel lives. The network transfer of
+// one frame overlaps the device work of the next. `host` and `ops` must outlive it.
 std::unique_ptr<Channel> make_staged_channel(Channel& host, const DeviceOps& ops);
 
 }  // namespace pycomm

@@ -49,6 +49,18 @@ class CudaOps final : public DeviceOps {
     cuda_check(cudaStreamSynchronize(stream_), "copy");
   }
 
+  // Portable: one registration serves every device's copies (a second one, from another
+  // device's ops, fails as already registered and needs none). cudaHostRegister can also
+  // fail for a locked-memory limit: then copies bounce through the driver's buffer.
+  std::shared_ptr<void> pin(void* host, size_t bytes) const override {
+    CudaDeviceScope scope(device_);
+    if (cudaHostRegister(host, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it so that no later check reports it
+      return nullptr;
+    }
+    return std::shared_ptr<void>(host, [](void* p) { cudaHostUnregister(p); });
+  }
+
   void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
                     size_t n) const override {
     if (n == 0) return;

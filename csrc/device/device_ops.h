@@ -57,6 +57,10 @@ class DeviceOps {
   virtual std::shared_ptr<char> allocate(size_t bytes) const = 0;
   // Any direction between this device's memory and host memory.
   virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
+  // Page-locks host memory so that copies between it and this device need no bounce
+  // buffer, until the returned handle goes (before the memory is freed). Null where there
+  // is nothing to gain or the system refuses: copies work the same, only slower.
+  virtual std::shared_ptr<void> pin(void* /*host*/, size_t /*bytes*/) const { return nullptr; }
   // out[i] = t[0][i] (+) t[1][i] (+) ... (+) t[k-1][i] for i < n, folded left in the
   // order given (the order is part of the result's bits for floating sums), k >= 1.
   // Partial writes the accumulation format; Final finalizes (AVG divides by world_size)

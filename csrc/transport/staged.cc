@@ -1,5 +1,6 @@
 // A channel for device memory over a host channel (TCP between hosts): frames are staged
-// through device slots of the channel's chunk size.
+// through device slots of the channel's chunk size, and copied straight between those and
+// the host channel's slots, which stay page-locked while this channel lives.
 //
 // Sending: begin_send() reserves the host slot and hands out the device staging slot;
 // end_send() copies the payload into the host slot and publishes it, after which the
@@ -9,6 +10,7 @@
 // caller reduces this one. Algorithms hold one frame per channel and direction, so one
 // staging slot per direction suffices.
 #include <memory>
+#include <vector>
 
 #include "core/transport.h"
 #include "device/device_ops.h"
@@ -20,7 +22,9 @@ class StagedChannel final : public Channel {
  public:
   StagedChannel(Channel& host, const DeviceOps& ops)
       : host_(host), ops_(ops), send_slot_(ops.allocate(host.chunk_bytes())),
-        recv_slot_(ops.allocate(host.chunk_bytes())) {}
+        recv_slot_(ops.allocate(host.chunk_bytes())) {
+    for (const Channel::Memory& m : host.slot_memory()) pinned_.push_back(ops.pin(m.data, m.bytes));
+  }
 
   int peer() const override { return host_.peer(); }
   size_t chunk_bytes() const override { return host_.chunk_bytes(); }
@@ -45,6 +49,7 @@ class StagedChannel final : public Channel {
   Channel& host_;
   const DeviceOps& ops_;
   std::shared_ptr<char> send_slot_, recv_slot_;
+  std::vector<std::shared_ptr<void>> pinned_;  // the host channel's slots, page-locked
   void* host_send_slot_ = nullptr;
 };
 

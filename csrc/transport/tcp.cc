@@ -548,9 +548,11 @@ struct FreeDeleter {
 };
 using Slots = std::unique_ptr<char[], FreeDeleter>;
 
+// Whole pages: a device may page-lock them (Channel::slot_memory()).
+constexpr size_t kPage = 4096;
 Slots allocate_slots(size_t bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  char* p = static_cast<char*>(std::aligned_alloc(64, rounded));
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  char* p = static_cast<char*>(std::aligned_alloc(kPage, rounded));
   if (!p) throw std::bad_alloc();
   return Slots(p);
 }
@@ -570,6 +572,9 @@ class TcpChannel final : public Channel {
   void end_send(const FrameHeader& header) override;
   const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override;
   void end_recv() override;
+  std::vector<Memory> slot_memory() const override {
+    return {{out_mem_.get(), chunk_ * depth_}, {in_mem_.get(), chunk_ * depth_}};
+  }
 
  private:
   friend class TcpTransport;
