@@ -13,17 +13,14 @@
 
 namespace pycomm {
 
+// Sized for the current device (CudaOps makes its device current around every launch).
 int grid_for(size_t work_items) {
-  static int sms = 0;
-  if (!sms) {
-    int device = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  }
+  int device = 0, sms = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   const size_t blocks = (work_items + kThreads - 1) / kThreads;
   return static_cast<int>(std::max<size_t>(1, std::min<size_t>(blocks, static_cast<size_t>(sms) * 16)));
 }
-
 
 void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
                          cudaStream_t stream) {
