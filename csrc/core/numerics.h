@@ -191,6 +191,11 @@ PYCOMM_HD int32_t magnitude_bits(float v) { return bit_cast_<int32_t>(v) & 0x7ff
 PYCOMM_HD int64_t magnitude_bits(double v) { return bit_cast_<int64_t>(v) & 0x7fffffffffffffffLL; }
 PYCOMM_HD bool nonfinite_magnitude(int32_t a) { return a >= 0x7f800000; }
 PYCOMM_HD bool nonfinite_magnitude(int64_t a) { return a >= 0x7ff0000000000000LL; }
+// |v|'s bits, 0 for a non-finite v: a block's largest finite magnitude is their max.
+PYCOMM_HD int32_t finite_magnitude(float v) {
+  const int32_t a = magnitude_bits(v);
+  return nonfinite_magnitude(a) ? 0 : a;
+}
 
 // 2^(kFracBits - E) and its inverse for the largest finite magnitude `amax` (its bits),
 // for float accumulation: both are exact powers of two within double's range.
@@ -352,6 +357,21 @@ PYCOMM_HD float block_scale(float amax) {
 // 2^-e for the scale 2^e of block_scale (exact).
 PYCOMM_HD float inverse_scale(float scale) {
   return bit_cast_<float>((254u << 23) - bit_cast_<uint32_t>(scale));
+}
+
+// Near float32's maximum the nearest code times the scale can exceed it; then finite
+// values saturate one code down instead of coming back infinite. Rounding is monotonic,
+// so only a block whose largest finite magnitude `amax` overflows can hold such a code.
+template <class Code>
+PYCOMM_HD bool block_may_overflow(float amax, float scale) {
+  return magnitude_bits(Code::decode(Code::encode(amax * inverse_scale(scale))) * scale) == 0x7f800000;
+}
+// `code` (v's, in a block that may overflow), one code down if v is finite and the code
+// would decode to infinity.
+template <class Code>
+PYCOMM_HD uint32_t saturated_code(float v, uint32_t code, float scale) {
+  const bool overflows = magnitude_bits(Code::decode(code) * scale) == 0x7f800000;
+  return !nonfinite_magnitude(magnitude_bits(v)) && overflows ? code - 1 : code;
 }
 
 // Bytes of n elements encoded with `block`-element blocks of Code.

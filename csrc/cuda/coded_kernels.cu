@@ -11,11 +11,6 @@
 namespace pycomm {
 namespace {
 
-__device__ __forceinline__ int32_t finite_magnitude(float f) {
-  const int32_t a = magnitude_bits(f);
-  return nonfinite_magnitude(a) ? 0 : a;
-}
-
 // The largest value of `v` over the warp; every lane gets it.
 __device__ __forceinline__ int32_t warp_max(int32_t v) {
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -32,12 +27,12 @@ struct Scaled {
     Scaled s;
     s.scale = block_scale<Code>(bit_cast_<float>(amax));
     s.inv = inverse_scale(s.scale);
-    s.overflow = isinf(Code::decode(Code::encode(bit_cast_<float>(amax) * s.inv)) * s.scale);
+    s.overflow = block_may_overflow<Code>(bit_cast_<float>(amax), s.scale);
     return s;
   }
   __device__ uint32_t encode(float v) const {
     const uint32_t code = Code::encode(v * inv);
-    return overflow && isfinite(v) && isinf(Code::decode(code) * scale) ? code - 1 : code;
+    return overflow ? saturated_code<Code>(v, code, scale) : code;
   }
 };
 
@@ -139,7 +134,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n, cudaStream_t stream) {
+void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+                  const KernelTarget& target) {
   // Encoding one contribution quantizes it once, in the encoder, as the CPU does.
   const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
   dispatch_dtype(spec.dtype, [&](auto type) {
@@ -155,7 +151,8 @@ void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
             const size_t blocks = (n + spec.block - 1) / spec.block;
             const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
             const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
-            coded_kernel<T, K, Code><<<grid_for(blocks * 32), kThreads, shared, stream>>>(
+            coded_kernel<T, K, Code><<<grid_for(blocks * 32, target.multiprocessors), kThreads, shared,
+                                       target.stream>>>(
                 out, t, n, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size,
                 quantize_inputs, spec.exact);
           });

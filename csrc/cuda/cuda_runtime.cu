@@ -24,11 +24,13 @@ class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {
     CudaDeviceScope scope(device_);
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaDeviceGetAttribute(&target_.multiprocessors, cudaDevAttrMultiProcessorCount, device_),
+               "cudaDeviceGetAttribute");
+    cuda_check(cudaStreamCreateWithFlags(&target_.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~CudaOps() override {
     CudaDeviceScope scope(device_);
-    cudaStreamDestroy(stream_);
+    cudaStreamDestroy(target_.stream);
   }
 
   std::shared_ptr<char> allocate(size_t bytes) const override {
@@ -45,8 +47,8 @@ class CudaOps final : public DeviceOps {
   void copy(void* dst, const void* src, size_t bytes) const override {
     if (!bytes || dst == src) return;
     CudaDeviceScope scope(device_);
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
-    cuda_check(cudaStreamSynchronize(stream_), "copy");
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, target_.stream), "cudaMemcpyAsync");
+    cuda_check(cudaStreamSynchronize(target_.stream), "copy");
   }
 
   // Portable: one registration serves every device's copies (a second one, from another
@@ -65,13 +67,13 @@ class CudaOps final : public DeviceOps {
                     size_t n) const override {
     if (n == 0) return;
     CudaDeviceScope scope(device_);
-    launch_reduce_terms(spec, stage, out, terms, k, n, stream_);
-    cuda_check(cudaStreamSynchronize(stream_), "reduction");
+    launch_reduce_terms(spec, stage, out, terms, k, n, target_);
+    cuda_check(cudaStreamSynchronize(target_.stream), "reduction");
   }
 
  private:
   int device_;
-  cudaStream_t stream_ = nullptr;
+  KernelTarget target_{};  // this device's internal stream and multiprocessor count
 };
 
 // A cudaIpcMemHandle_t travels through the store as hex text.

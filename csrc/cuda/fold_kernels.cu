@@ -133,19 +133,22 @@ __global__ void __launch_bounds__(kThreads) fold_kernel(void* out, Terms t, size
 }
 
 template <class T, ReduceKind K, bool kFinal, bool kExact>
-void launch_typed(void* out, const Terms& t, size_t n, AccOf<T> premul, int world, cudaStream_t stream) {
+void launch_typed(void* out, const Terms& t, size_t n, AccOf<T> premul, int world, const KernelTarget& target) {
   constexpr int V = 16 / sizeof(T) > 0 ? static_cast<int>(16 / sizeof(T)) : 1;
   bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0;
   for (int j = 0; j < t.k; ++j) aligned = aligned && reinterpret_cast<uintptr_t>(t.data[j]) % 16 == 0;
   if (aligned)
-    fold_kernel<T, K, kFinal, kExact, V><<<grid_for(n / V + 1), kThreads, 0, stream>>>(out, t, n, premul, world);
+    fold_kernel<T, K, kFinal, kExact, V><<<grid_for(n / V + 1, target.multiprocessors), kThreads, 0, target.stream>>>(
+        out, t, n, premul, world);
   else
-    fold_kernel<T, K, kFinal, kExact, 1><<<grid_for(n), kThreads, 0, stream>>>(out, t, n, premul, world);
+    fold_kernel<T, K, kFinal, kExact, 1><<<grid_for(n, target.multiprocessors), kThreads, 0, target.stream>>>(
+        out, t, n, premul, world);
 }
 
 }  // namespace
 
-void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n, cudaStream_t stream) {
+void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+                 const KernelTarget& target) {
   dispatch_dtype(spec.dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     using A = AccOf<T>;
@@ -159,13 +162,13 @@ void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t,
         const bool final = stage == Stage::Final;
         if constexpr (std::is_floating_point_v<A> && kSumLike<K>) {
           if (spec.exact) {
-            if (final) launch_typed<T, K, true, true>(out, t, n, premul, spec.world_size, stream);
-            else launch_typed<T, K, false, true>(out, t, n, premul, spec.world_size, stream);
+            if (final) launch_typed<T, K, true, true>(out, t, n, premul, spec.world_size, target);
+            else launch_typed<T, K, false, true>(out, t, n, premul, spec.world_size, target);
             return;
           }
         }
-        if (final) launch_typed<T, K, true, false>(out, t, n, premul, spec.world_size, stream);
-        else launch_typed<T, K, false, false>(out, t, n, premul, spec.world_size, stream);
+        if (final) launch_typed<T, K, true, false>(out, t, n, premul, spec.world_size, target);
+        else launch_typed<T, K, false, false>(out, t, n, premul, spec.world_size, target);
       }
     });
   });

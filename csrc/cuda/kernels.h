@@ -29,11 +29,13 @@ constexpr int kMaxCodecBlock = 1024;
 
 // Blocks for `work_items` threads' worth of work, at most 16 per multiprocessor (the
 // kernels loop over the rest).
-int grid_for(size_t work_items);
+int grid_for(size_t work_items, int multiprocessors);
 
 // Uncoded fold, in term order or exact (fold_kernels.cu).
-void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n, cudaStream_t stream);
+void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
+                 const KernelTarget& target);
 // Fold with a codec (coded_kernels.cu); spec.block <= kMaxCodecBlock.
-void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n, cudaStream_t stream);
+void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
+                  const KernelTarget& target);
 
 }  // namespace pycomm

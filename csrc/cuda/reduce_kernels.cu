@@ -13,17 +13,13 @@
 
 namespace pycomm {
 
-// Sized for the current device (CudaOps makes its device current around every launch).
-int grid_for(size_t work_items) {
-  int device = 0, sms = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+int grid_for(size_t work_items, int multiprocessors) {
   const size_t blocks = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(blocks, static_cast<size_t>(sms) * 16)));
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(blocks, static_cast<size_t>(multiprocessors) * 16)));
 }
 
 void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
-                         cudaStream_t stream) {
+                         const KernelTarget& target) {
   if (n == 0) return;
   if (k < 1 || k > kMaxDeviceTerms)
     fail(ErrorKind::InvalidArgument, "pycomm: a CUDA reduction takes 1 to 64 terms (ranks reducing at once), got " +
@@ -33,8 +29,8 @@ void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const T
   Terms t{};
   t.k = k;
   for (int j = 0; j < k; ++j) t.data[j] = terms[j].data, t.form[j] = terms[j].form;
-  if (spec.codec != Compression::None) launch_coded(spec, stage, out, t, n, stream);
-  else launch_fold(spec, stage, out, t, n, stream);
+  if (spec.codec != Compression::None) launch_coded(spec, stage, out, t, n, target);
+  else launch_fold(spec, stage, out, t, n, target);
   cuda_check(cudaGetLastError(), "reduction kernel launch");
 }
 

@@ -12,8 +12,15 @@ namespace pycomm {
 // At most this many terms per call (a team of up to 64 ranks reducing at once).
 constexpr int kMaxDeviceTerms = 64;
 
-// Enqueues the reduction on `stream`; the caller synchronizes.
+// Where kernels go: a stream of one device, and that device's multiprocessor count, which
+// sizes their grids (read once, when the device's ops are made).
+struct KernelTarget {
+  cudaStream_t stream;
+  int multiprocessors;
+};
+
+// Enqueues the reduction on the target's stream; the caller synchronizes.
 void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
-                         cudaStream_t stream);
+                         const KernelTarget& target);
 
 }  // namespace pycomm

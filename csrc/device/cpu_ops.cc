@@ -201,12 +201,6 @@ void fold(const ReduceSpec& spec, void* out, const Term* terms, int k, size_t n,
 // over the block in L1 and one over its memory.
 constexpr size_t kMaxCodecBlock = 4096;
 
-// The largest finite magnitude is tracked on the bits (see magnitude_bits).
-inline int32_t finite_magnitude(float f) {
-  const int32_t a = magnitude_bits(f);
-  return nonfinite_magnitude(a) ? 0 : a;
-}
-
 // One block's conversions, which bound the compressed collectives on a CPU: compiled for
 // wider vectors too (as exact_sum), and every clone gives the same bits: the conversions
 // are integer code, each float operation is correctly rounded, and the scalings are exact
@@ -233,8 +227,8 @@ struct BlockCodec {
     const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
     std::memcpy(enc, &scale, sizeof scale);
     C* __restrict codes = reinterpret_cast<C*>(enc + sizeof(float));
-    if (may_overflow(amax, scale))
-      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(saturated(v[i], Code::encode(v[i] * inv), scale));
+    if (block_may_overflow<Code>(amax, scale))
+      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale));
     else
       for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(Code::encode(v[i] * inv));
   }
@@ -242,8 +236,8 @@ struct BlockCodec {
   PYCOMM_WIDE_VECTOR_CLONES
   static void quantize(float* __restrict v, size_t m) {
     const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    if (may_overflow(amax, scale))
-      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated(v[i], Code::encode(v[i] * inv), scale)) * scale;
+    if (block_may_overflow<Code>(amax, scale))
+      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale)) * scale;
     else
       for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
   }
@@ -253,15 +247,6 @@ struct BlockCodec {
     int32_t amax = 0;
     for (size_t i = 0; i < m; ++i) amax = std::max(amax, finite_magnitude(v[i]));
     return bit_cast_<float>(amax);
-  }
-  // Near float32's maximum the nearest code times the scale can exceed it; then finite
-  // values must saturate one code down instead of coming back infinite. Rounding is
-  // monotonic, so only a block whose largest value overflows can hold such a code.
-  __attribute__((always_inline)) static bool may_overflow(float amax, float scale) {
-    return std::isinf(Code::decode(Code::encode(amax * inverse_scale(scale))) * scale);
-  }
-  __attribute__((always_inline)) static uint32_t saturated(float v, uint32_t code, float scale) {
-    return std::isfinite(v) && std::isinf(Code::decode(code) * scale) ? code - 1 : code;
   }
 };
 
