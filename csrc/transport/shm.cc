@@ -27,8 +27,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -45,6 +43,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/peer_watch.h"
 #include "core/transport.h"
 
 namespace pycomm {
@@ -126,8 +125,6 @@ void tsan_acquire(const void*) {}
 void tsan_release(const void*) {}
 #endif
 
-bool process_exists(int pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
-
 // Removes segments left by set-ups that crashed before unlinking (creator pid gone).
 void remove_orphaned_segments() {
   DIR* dir = opendir("/dev/shm");
@@ -166,25 +163,6 @@ struct Mapping {
 };
 
 class ShmTransport;
-
-// Watches one peer process: a pidfd when the kernel has them (no pid-reuse race, and it
-// sees a zombie as exited), else kill(pid, 0).
-class PeerWatch {
- public:
-  explicit PeerWatch(int pid) : pid_(pid), fd_(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {}
-  ~PeerWatch() { if (fd_ >= 0) close(fd_); }
-  PeerWatch(const PeerWatch&) = delete;
-  PeerWatch& operator=(const PeerWatch&) = delete;
-  bool exited() const {
-    if (fd_ < 0) return !process_exists(pid_);
-    pollfd p{fd_, POLLIN, 0};
-    return poll(&p, 1, 0) > 0;
-  }
-
- private:
-  int pid_;
-  int fd_;
-};
 
 // Where the payloads of one ring's slots are: slot i's at base + (i % depth) * stride.
 struct Payloads {
