@@ -11,7 +11,10 @@
 2. All-reduce, several processes on this one GPU (CUDA tensors): pycomm (CUDA IPC), gloo
    on the same CUDA tensors, and NCCL at the world sizes it accepts (one process per GPU:
    1 here). Blocking calls (each call's latency: the slowest rank's, median over
-   --iters), busbw as nccl-tests computes it (2(n-1)/n S/t).
+   --iters), busbw as nccl-tests computes it (2(n-1)/n S/t). Up to 256 KiB pycomm runs
+   oneshot, up to PYCOMM_CUDA_FLAG_BYTES as the flag-synchronized kernel where the ranks'
+   kernels run at once (MPS); "pycomm host-driven" is the same one-shot driven by the
+   host (PYCOMM_CUDA_FLAG_BYTES=0), in the same processes.
 Writes gpu-kernels.json, gpu-allreduce.json and a text summary (stdout) under --out.
 """
 import argparse
@@ -78,6 +81,9 @@ def bench_kernels(iters):
     return rows
 
 
+ONESHOT_BYTES = 262144  # the largest all-reduce that runs oneshot on CUDA tensors of one host
+
+
 def allreduce_rank(rank, ws, sizes, iters, init_file, queue):
     import pycomm  # noqa: F401
 
@@ -85,12 +91,17 @@ def allreduce_rank(rank, ws, sizes, iters, init_file, queue):
     dist.init_process_group("pycomm", init_method="file://" + init_file, rank=rank, world_size=ws)
     gloo = dist.new_group(backend="gloo")
     timer = dist.new_group(backend="gloo")
+    # The same one-shot driven by the host (a group that reads its knobs now).
+    os.environ["PYCOMM_CUDA_FLAG_BYTES"] = "0"
+    host_driven = dist.new_group(backend="pycomm")
     results = []
     for size in sizes:
         t = torch.ones(size // 4, device="cuda")
         variants = [("pycomm", lambda: pycomm.all_reduce(t)),
                     ("pycomm torch.distributed", lambda: dist.all_reduce(t)),
                     ("gloo", lambda: dist.all_reduce(t, group=gloo))]
+        if size <= ONESHOT_BYTES:
+            variants.append(("pycomm host-driven", lambda: pycomm.all_reduce(t, group=host_driven)))
         for name, call in variants:
             for _ in range(3):
                 call()

@@ -10,7 +10,10 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
 * the same all-reduce on CUDA and on CPU copies of the inputs, in the same processes,
   gives identical bits in both deterministic modes, with and without compression, for
   every algorithm; also with the CUDA frames staged through TCP and with 2 nodes of 2;
-* stream semantics: inputs written by a slow kernel on the caller's stream are waited for.
+* stream semantics: inputs written by a slow kernel on the caller's stream are waited for;
+* the flag-synchronized one-shot: small all-reduces of every kind of element, aligned or
+  not, at and past its size limit, give the right values; a peer that sleeps through one
+  is reported when the deadline passes, a peer that is killed within a liveness check.
 """
 
 import pytest
@@ -95,18 +98,22 @@ def test_codec_kernels_match_cpu(codec):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         if pycomm._C.encode(torch.zeros(16, dtype=dtype), codec, 16).numel() >= 16 * dtype.itemsize + 4:
             continue  # no saving: the collectives never use this pair
+        # Aligned operands take the kernel's vector path; with block 16 the input starts
+        # one element into its storage, which takes the per-element path.
         for block in (16, 256, 1024):
             for n in (5, 1000, 65537):
-                x = _data(n, dtype, n + block)
+                x = _data(n + 1, dtype, n + block)
                 if n > 100:
                     x[100:100 + block] = torch.finfo(dtype).max  # saturating block
+                cut = (lambda t: t[1:]) if block == 16 else (lambda t: t[:n])
+                x, x_gpu = cut(x), cut(x.cuda())
                 enc_cpu = pycomm._C.encode(x, codec, block)
-                enc_gpu = pycomm._C.encode(x.cuda(), codec, block)
+                enc_gpu = pycomm._C.encode(x_gpu, codec, block)
                 assert _same_bits(enc_cpu, enc_gpu), (codec, dtype, block, n, "encode")
                 dec_cpu = pycomm._C.decode(enc_cpu, codec, block, n, dtype)
                 dec_gpu = pycomm._C.decode(enc_gpu, codec, block, n, dtype)
                 assert _same_bits(dec_cpu, dec_gpu), (codec, dtype, block, n, "decode")
-                assert _same_bits(pycomm.quantize(x, codec, block=block), pycomm.quantize(x.cuda(), codec, block=block))
+                assert _same_bits(pycomm.quantize(x, codec, block=block), pycomm.quantize(x_gpu, codec, block=block))
 
 
 def every_collective(rank, ws):
@@ -221,11 +228,101 @@ BIT_CASES = [(dt, op, mode, None) for dt in FLOATS for op in ("SUM", "AVG", "PRE
 
 
 @pytest.mark.parametrize("ws,env", [
-    (2, {}),
-    (4, {}),
+    # oneshot of 50021 elements: the flag-synchronized kernel
+    (2, {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": "262144"}),
+    (4, {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": "262144"}),
     (4, {"PYCOMM_RANKS_PER_NODE": "2"}),           # hierarchical across 2 nodes of 2
     (3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_CUDA_CHUNK_BYTES": "65536"}),  # staged, small chunks
 ], ids=["ws2", "ws4", "2x2", "staged-tcp"])
 def test_gpu_bits_equal_cpu_bits(ws, env):
     for problems in run_world(gpu_equals_cpu, ws, args=(BIT_CASES,), env=env, timeout=400):
         assert not problems, problems
+
+
+# The flag-synchronized one-shot (PYCOMM_CUDA_FLAG_BYTES, 64 KiB by default): all-reduces
+# of at most that many bytes among ranks of one host run as one kernel per rank. By
+# default only where the ranks' kernels run at once (MPS, or a GPU each); the tests'
+# ranks may time-slice one GPU, where it is slow but must be just as right.
+FLAG_BYTES = 65536
+FLAGS_ALWAYS = {"PYCOMM_CUDA_FLAGS": "always"}
+
+
+def flag_allreduce(rank, ws):
+    import os
+    import tempfile
+
+    import pycomm
+
+    dev = torch.device("cuda", 0)
+    problems = []
+    # The group's first CUDA collective makes its device path; PYCOMM_DEBUG=INFO logs it.
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            pycomm.all_reduce(torch.ones(4, device=dev))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        if b"flag-synchronized one-shot up to %d B" % FLAG_BYTES not in log.read():
+            problems.append("the group has no flag-synchronized one-shot")
+    for dtype in (torch.float32, torch.float16, torch.int64, torch.uint8):
+        limit = FLAG_BYTES // dtype.itemsize
+        for n in (1, 7, 1000, limit, limit + 1):  # limit + 1: host-driven
+            for offset in (0, 1):  # 1: input and output not 16-byte aligned
+                for repeat in range(3):  # calls alternate between two buffers
+                    base = torch.arange(n + offset, device=dev) % 13
+                    t = (base + rank + repeat).to(dtype)[offset:]
+                    want = (ws * base + ws * (ws - 1) // 2 + ws * repeat).to(dtype)[offset:]
+                    pycomm.all_reduce(t)
+                    if not torch.equal(t, want):
+                        problems.append("%s n=%d offset %d call %d: wrong sum" % (dtype, n, offset, repeat))
+    x = torch.full((1000,), rank + 1.0, device=dev)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    if not torch.equal(x, torch.full_like(x, float(ws))):
+        problems.append("MAX: wrong result")
+    return problems
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_flag_allreduce_on_cuda(ws):
+    for problems in run_world(flag_allreduce, ws, env=dict(FLAGS_ALWAYS, PYCOMM_DEBUG="INFO"), timeout=240):
+        assert not problems, problems
+
+
+FLAG_PG_TIMEOUT_S = 3
+
+
+def flag_peer_fault(rank, ws, fault):
+    """Rank 1 misses a flag-synchronized all-reduce, asleep or killed; rank 0 reports it."""
+    import os
+    import signal
+    import time
+
+    t = torch.ones(1000, device="cuda")
+    dist.all_reduce(t)  # the team is up
+    if rank == 1:
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(FLAG_PG_TIMEOUT_S + 5)
+        return None
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"raised": False, "elapsed": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "elapsed": time.monotonic() - t0, "msg": str(e)}
+
+
+@pytest.mark.parametrize("fault,words,bounds", [
+    ("sleep", "timed out waiting for rank 1", (FLAG_PG_TIMEOUT_S - 0.5, FLAG_PG_TIMEOUT_S + 5)),
+    ("kill", "rank 1 exited", (0, 2.0)),
+])
+def test_flag_allreduce_reports_a_missing_peer(fault, words, bounds):
+    results = run_world(flag_peer_fault, 2, args=(fault,), env=FLAGS_ALWAYS, pg_timeout=FLAG_PG_TIMEOUT_S, timeout=120,
+                        expect_killed=(1,) if fault == "kill" else ())
+    r = results[0]
+    assert r["raised"], "all_reduce returned after %.1fs without its peer" % r["elapsed"]
+    assert words in r["msg"], r["msg"]
+    assert bounds[0] <= r["elapsed"] <= bounds[1], (r["elapsed"], r["msg"])

@@ -296,6 +296,7 @@ struct Communicator::DevicePath {
   std::unique_ptr<Transport> ipc;                // to ranks of this host; null: none
   std::vector<std::unique_ptr<Channel>> staged;  // to the others, over the host channels
   std::vector<Channel*> channels;                // by group rank; null for self
+  std::unique_ptr<DeviceTeam> team;              // the whole group on this host; null: none
   size_t chunk_bytes = 0;
   Workspace workspace;
   explicit DevicePath(std::unique_ptr<DeviceOps> o) : ops(std::move(o)), workspace(*ops) {}
@@ -325,6 +326,18 @@ Communicator::DevicePath& Communicator::device_path(int device) {
     if (p.rank != rank_ && p.host_key == ranks_[rank_].host_key && config_.transport != TransportChoice::Tcp)
       setup.peers.push_back(p.rank);
   if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, runtime.make_slot_arena(device));
+  if (path->ipc && setup.peers.size() + 1 == static_cast<size_t>(size_) && config_.cuda_flag_bytes) {
+    TeamSetup team;
+    team.store = store_;
+    team.key_prefix = setup.key_prefix + "/team";
+    team.rank = rank_;
+    team.size = size_;
+    for (const PeerInfo& p : ranks_) team.pids.push_back(p.pid);
+    team.capacity = config_.cuda_flag_bytes;
+    team.time_sliced = config_.cuda_flags_time_sliced;
+    team.deadline = setup.deadline;
+    path->team = runtime.make_team(device, team);
+  }
   path->channels.assign(size_, nullptr);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
@@ -339,7 +352,9 @@ Communicator::DevicePath& Communicator::device_path(int device) {
     log_line("pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": " + runtime.name() + ":" +
              std::to_string(device) + ": " + std::to_string(setup.peers.size()) + " peers over " +
              (path->ipc ? path->ipc->name() : "-") + ", " + std::to_string(path->staged.size()) +
-             " staged through host memory, chunk " + std::to_string(path->chunk_bytes) + " B");
+             " staged through host memory, chunk " + std::to_string(path->chunk_bytes) + " B" +
+             (path->team ? ", flag-synchronized one-shot up to " + std::to_string(path->team->capacity()) + " B"
+                         : ""));
   std::lock_guard<std::mutex> lock(devices_mutex_);
   return *devices_.emplace(device, std::move(path)).first->second;
 }
@@ -513,12 +528,14 @@ void Communicator::execute(const Request& rq) {
   const bool ordered = rq.options.determinism != Determinism::Default;
   try {
     if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
+    DeviceTeam* team = nullptr;
     if (rq.device >= 0) {
       DevicePath& d = device_path(rq.device);
       cx.ops = d.ops.get();
       cx.channels = &d.channels;
       cx.chunk_bytes = d.chunk_bytes;
       cx.workspace = &d.workspace;
+      team = d.team.get();
     }
     switch (rq.collective) {
       case Collective::AllReduce:
@@ -527,6 +544,8 @@ void Communicator::execute(const Request& rq) {
           case Algorithm::Hierarchical: hierarchical_allreduce(cx, rq); break;
           default:
             if (coded) coded_allreduce(cx, rq, chosen.algorithm);
+            else if (chosen.algorithm == Algorithm::OneShot && team && bytes <= team->capacity())
+              team->all_reduce(cx.spec(rq), rq.output, rq.input, rq.count, cx.deadline);
             else if (chosen.algorithm == Algorithm::OneShot) oneshot_allreduce(cx, rq);
             else if (chosen.algorithm == Algorithm::TwoShot) twoshot_allreduce(cx, rq);
             else if (ordered) ordered_ring_allreduce(cx, rq);
@@ -601,8 +620,10 @@ bool Communicator::abort(const std::string& reason) {
 void Communicator::abort_transports(const std::string& reason) const {
   for (auto& t : transports_) t->abort(reason);
   std::lock_guard<std::mutex> lock(devices_mutex_);
-  for (auto& [device, path] : devices_)
+  for (auto& [device, path] : devices_) {
     if (path->ipc) path->ipc->abort(reason);
+    if (path->team) path->team->abort();
+  }
 }
 
 }  // namespace pycomm

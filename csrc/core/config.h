@@ -39,6 +39,8 @@ struct Config {
   size_t shm_chunk_bytes = 0;
   size_t tcp_chunk_bytes = 0;
   size_t cuda_chunk_bytes = 0;
+  size_t cuda_flag_bytes = 0;         // the largest flag-synchronized all-reduce on CUDA (0: none)
+  bool cuda_flags_time_sliced = false; // ... also where ranks time-slice one GPU
   int pipeline_depth = 0;             // slots per channel direction
   size_t eager_bytes = 0;             // asynchronous collectives this small run at once
   size_t compression_block = 0;       // elements per scale of the scaled codecs

@@ -1,14 +1,47 @@
-// An accelerator's runtime, as the core sees it: ops on its memory and shared device
-// memory for transports. The core links against no accelerator library; the CUDA build
+// An accelerator's runtime, as the core sees it: ops on its memory, shared device memory
+// for transports, and teams of devices that synchronize collectives themselves. The core links against no accelerator library; the CUDA build
 // of the extension's module registers its runtime when it is loaded (csrc/cuda).
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/transport.h"
 #include "device/device_ops.h"
 
 namespace pycomm {
+
+// Collectives that devices synchronize among themselves (a team: every rank of a group,
+// all on one host, each device mapping the others' memory). Each member's kernel puts its
+// input in its own memory, raises a flag in each peer's, waits for theirs and reduces: no
+// host thread takes part between the launch and the completion.
+class DeviceTeam {
+ public:
+  virtual ~DeviceTeam() = default;
+  // The largest all-reduce, in bytes.
+  virtual size_t capacity() const = 0;
+  // out = every member's `in` (n elements, at most capacity() bytes) reduced in rank
+  // order per `spec` (uncoded; the final stage): the bits of the host-driven one-shot.
+  // Complete on return. A peer that has not arrived by `deadline` is a Timeout, an exited
+  // peer or abort() a PeerFailure; after a failure the team refuses every call.
+  virtual void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) = 0;
+  // Makes a waiting all_reduce give up; any thread.
+  virtual void abort() = 0;
+};
+
+struct TeamSetup {
+  Store* store = nullptr;
+  std::string key_prefix;  // private to this team
+  int rank = 0;
+  int size = 1;
+  std::vector<int> pids;   // every member's process, by rank
+  size_t capacity = 0;     // bytes
+  // Members wait for each other's kernels, so by default a team is made only where they
+  // run at the same time; true: also where processes time-slice one device.
+  bool time_sliced = false;
+  Deadline deadline;       // for set-up
+};
 
 class DeviceRuntime {
  public:
@@ -19,6 +52,10 @@ class DeviceRuntime {
   virtual std::unique_ptr<DeviceOps> make_ops(int index) const = 0;
   // Slot payloads in device `index`'s memory, mappable by processes of this host.
   virtual std::unique_ptr<SlotArena> make_slot_arena(int index) const = 0;
+  // This rank's member of a team on device `index`, made by every rank of the group with
+  // the same setup (but its rank). Null where the runtime has no team for the setup
+  // (the same answer on every rank).
+  virtual std::unique_ptr<DeviceTeam> make_team(int /*index*/, const TeamSetup& /*setup*/) const { return nullptr; }
 };
 
 // Called once, at load time, by the module of a build with an accelerator.

@@ -1,0 +1,178 @@
+// A CUDA team (device_runtime.h): the members' memory, mapped once through CUDA IPC, and
+// the host side of each call: launch, wait, report. The kernel and its memory-visibility
+// argument are in team_kernels.cu.
+//
+// Each member allocates one region of device memory: its flags (arrived, then done:
+// 2 * kTeamFlags words, zero before any peer can map them), then two buffers of `capacity`
+// bytes. A call's outcome and the host's abort request travel through two words of
+// page-locked host memory that the kernel reads and writes directly.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/peer_watch.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_runtime.h"
+#include "cuda/team_kernels.h"
+
+namespace pycomm {
+namespace {
+
+constexpr size_t kFlagBytes = 2 * kTeamFlags * sizeof(uint32_t);
+// The longest a leaving member waits for its peers to finish reading its last buffer.
+constexpr std::chrono::seconds kDrainLimit{1};
+
+class CudaTeam final : public DeviceTeam {
+ public:
+  CudaTeam(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup)
+      : device_(device), arena_(std::move(arena)), capacity_((setup.capacity + 255) & ~size_t{255}) {
+    CudaDeviceScope scope(device_);
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    void* control = nullptr;
+    cuda_check(cudaHostAlloc(&control, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    // The host's side of the words: atomics (abort() comes from any thread); the kernel's:
+    // volatile ints, the same bytes.
+    static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
+    control_ = static_cast<std::atomic<int>*>(control);
+    for (int i = 0; i < 2; ++i) new (control_ + i) std::atomic<int>(0);
+    void* on_device = nullptr;
+    cuda_check(cudaHostGetDevicePointer(&on_device, control, 0), "cudaHostGetDevicePointer");
+    call_.control = static_cast<volatile int*>(on_device);
+    const std::string handle = arena_->allocate(kFlagBytes + 2 * capacity_);
+    cuda_check(cudaMemset(arena_->base(), 0, kFlagBytes), "cudaMemset (team flags)");
+    cuda_check(cudaDeviceSynchronize(), "team set-up");
+    const auto handles =
+        all_gather_strings(*setup.store, setup.key_prefix, setup.rank, setup.size, handle, setup.deadline);
+    call_.rank = setup.rank;
+    call_.buffers.k = setup.size;
+    for (int r = 0; r < setup.size; ++r) {
+      members_.push_back(r == setup.rank ? arena_->base() : arena_->map(handles[r], r));
+      call_.flags[r] = reinterpret_cast<uint32_t*>(members_.back());
+      call_.buffers.form[r] = Form::Input;
+      if (r != setup.rank) peers_.emplace_back(r, std::make_unique<PeerWatch>(setup.pids[r]));
+    }
+  }
+
+  ~CudaTeam() override {
+    CudaDeviceScope scope(device_);
+    cudaStreamSynchronize(stream_);
+    drain();
+    cudaStreamDestroy(stream_);
+    cudaFreeHost(control_);
+  }
+
+  size_t capacity() const override { return capacity_; }
+
+  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) override {
+    if (n == 0) return;
+    if (broken_) fail(ErrorKind::PeerFailure, "pycomm: the GPU team failed earlier");
+    CudaDeviceScope scope(device_);
+    ++call_.epoch;
+    const size_t buffer = kFlagBytes + (call_.epoch & 1) * capacity_;
+    for (int r = 0; r < call_.buffers.k; ++r) call_.buffers.data[r] = members_[r] + buffer;
+    call_.budget_ns = static_cast<uint64_t>(std::chrono::nanoseconds(deadline.remaining()).count());
+    control_[1].store(0);
+    blocks_ = launch_team_allreduce(spec, call_, out, in, n, stream_);
+    wait();
+    const int outcome = control_[1].load();
+    if (outcome == 0) return;
+    broken_ = true;
+    if (outcome > 0)
+      fail(ErrorKind::Timeout, "timed out waiting for rank " + std::to_string(outcome - 1) +
+                                   " to arrive at the flag-synchronized all-reduce on the GPU");
+    fail(ErrorKind::PeerFailure, exited_.empty() ? "the group was aborted" : exited_);
+  }
+
+  void abort() override { control_[0].store(1); }
+
+ private:
+  // Until the kernel is done: polls, yielding the core between polls (a sleep would add
+  // its wake-up latency to every call, as a blocking stream synchronization would), and
+  // every kLivenessSlice checks that the peers still run; if one exited it tells the
+  // kernel to stop waiting. The kernel's own bounded waits end it in any case.
+  void wait() {
+    const auto done = [this] {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaErrorNotReady) return false;
+      cuda_check(e, "team all-reduce");
+      return true;
+    };
+    const SpinPolicy slice{std::chrono::duration_cast<std::chrono::microseconds>(kLivenessSlice)};
+    while (!spin_until(done, slice))
+      if (exited_.empty() && !(exited_ = exited_peer()).empty()) control_[0].store(1);
+  }
+
+  // "rank 2 exited during ...", or empty while every peer runs.
+  std::string exited_peer() const {
+    for (const auto& [rank, watch] : peers_)
+      if (watch->exited()) return "rank " + std::to_string(rank) + " exited during the flag-synchronized all-reduce";
+    return {};
+  }
+
+  // Peers may still be reading this member's buffer of the last call: before its memory
+  // goes, waits until each said it is done (its done flags), a peer exited, or kDrainLimit.
+  void drain() {
+    if (!call_.epoch || broken_) return;
+    std::vector<uint32_t> done(kTeamFlags);
+    const auto give_up = Clock::now() + kDrainLimit;
+    for (;;) {
+      if (cudaMemcpy(done.data(), members_[call_.rank] + kTeamFlags * sizeof(uint32_t), done.size() * sizeof(uint32_t),
+                     cudaMemcpyDeviceToHost) != cudaSuccess)
+        return;
+      bool all = true;
+      for (const auto& [rank, watch] : peers_)
+        for (int b = 0; b < blocks_; ++b)
+          all = all && static_cast<int32_t>(done[rank * kTeamBlocks + b] - call_.epoch) >= 0;
+      if (all || Clock::now() >= give_up || !exited_peer().empty()) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  int device_;
+  std::unique_ptr<SlotArena> arena_;  // this member's region and its mappings of the peers'
+  size_t capacity_;
+  cudaStream_t stream_ = nullptr;
+  std::atomic<int>* control_ = nullptr;  // host side of TeamCall::control
+  std::vector<char*> members_;           // each member's region, mapped
+  std::vector<std::pair<int, std::unique_ptr<PeerWatch>>> peers_;
+  TeamCall call_{};
+  int blocks_ = 0;      // of the last call
+  bool broken_ = false;  // a call failed: the members' epochs no longer agree
+  std::string exited_;   // why the kernel was told to stop, when a peer exited
+};
+
+// Whether every member's kernel can run while its peers' do: no two members share a
+// device unless MPS shares that device's contexts. Where processes time-slice a device, a
+// waiting kernel keeps it for its time slice before the peer it waits for can arrive.
+// Every member decides from the same published descriptions.
+bool members_run_at_once(int device, const TeamSetup& setup) {
+  char bus[32] = {};
+  int mps = 0;
+  cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  cuda_check(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device), "cudaDeviceGetAttribute");
+  const auto all = all_gather_strings(*setup.store, setup.key_prefix + "/device", setup.rank, setup.size,
+                                      std::string(mps ? "mps " : "sliced ") + bus, setup.deadline);
+  std::map<std::string, int> members_on;  // by bus id
+  const auto bus_of = [](const std::string& d) { return d.substr(d.find(' ') + 1); };
+  for (const std::string& d : all) ++members_on[bus_of(d)];
+  for (const std::string& d : all)
+    if (members_on[bus_of(d)] > 1 && d.compare(0, 4, "mps ") != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup) {
+  if (setup.size > kMaxTeam) return nullptr;
+  CudaDeviceScope scope(device);
+  if (!members_run_at_once(device, setup) && !setup.time_sliced) return nullptr;
+  return std::make_unique<CudaTeam>(device, std::move(arena), setup);
+}
+
+}  // namespace pycomm
