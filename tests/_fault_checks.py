@@ -19,6 +19,11 @@ def first_lines(exc, n=4):
 
 def second_call(t):
     """After the first error: the poisoned group must refuse at once, naming the cause."""
+    return timed_all_reduce(t)
+
+
+def timed_all_reduce(t):
+    """dist.all_reduce(t): whether it raised, after how long, and the message's first lines."""
     import torch.distributed as dist
 
     t0 = time.monotonic()

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _fault_checks import timed_all_reduce
 from _harness import is_gloo, run_world
 
 def _cuda_build():
@@ -307,12 +308,7 @@ def flag_peer_fault(rank, ws, fault):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(FLAG_PG_TIMEOUT_S + 5)
         return None
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(t)
-        return {"raised": False, "elapsed": time.monotonic() - t0}
-    except Exception as e:  # noqa: BLE001
-        return {"raised": True, "elapsed": time.monotonic() - t0, "msg": str(e)}
+    return timed_all_reduce(t)
 
 
 @pytest.mark.parametrize("fault,words,bounds", [
