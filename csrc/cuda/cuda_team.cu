@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/peer_watch.h"
@@ -33,9 +34,15 @@ class CudaTeam final : public DeviceTeam {
   CudaTeam(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup)
       : device_(device), arena_(std::move(arena)), capacity_((setup.capacity + 255) & ~size_t{255}) {
     CudaDeviceScope scope(device_);
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Owned from here, so that a set-up that fails below (a peer that never publishes,
+    // say) releases them: the destructor does not run for a constructor that throws.
+    cudaStream_t stream = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_holder_.reset(stream);
     void* control = nullptr;
     cuda_check(cudaHostAlloc(&control, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    control_holder_.reset(control);
+    stream_ = stream;
     // The host's side of the words: atomics (abort() comes from any thread); the kernel's:
     // volatile ints, the same bytes.
     static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free);
@@ -63,8 +70,6 @@ class CudaTeam final : public DeviceTeam {
     CudaDeviceScope scope(device_);
     cudaStreamSynchronize(stream_);
     drain();
-    cudaStreamDestroy(stream_);
-    cudaFreeHost(control_);
   }
 
   size_t capacity() const override { return capacity_; }
@@ -134,9 +139,18 @@ class CudaTeam final : public DeviceTeam {
     }
   }
 
+  struct DestroyStream {
+    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  };
+  struct FreeHost {
+    void operator()(void* p) const { cudaFreeHost(p); }
+  };
+
   int device_;
   std::unique_ptr<SlotArena> arena_;  // this member's region and its mappings of the peers'
   size_t capacity_;
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_holder_;
+  std::unique_ptr<void, FreeHost> control_holder_;
   cudaStream_t stream_ = nullptr;
   std::atomic<int>* control_ = nullptr;  // host side of TeamCall::control
   std::vector<char*> members_;           // each member's region, mapped
