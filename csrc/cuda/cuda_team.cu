@@ -59,8 +59,7 @@ class CudaTeam final : public DeviceTeam {
     call_.rank = setup.rank;
     call_.buffers.k = setup.size;
     for (int r = 0; r < setup.size; ++r) {
-      members_.push_back(r == setup.rank ? arena_->base() : arena_->map(handles[r], r));
-      call_.flags[r] = reinterpret_cast<uint32_t*>(members_.back());
+      call_.flags[r] = reinterpret_cast<uint32_t*>(r == setup.rank ? arena_->base() : arena_->map(handles[r], r));
       call_.buffers.form[r] = Form::Input;
       if (r != setup.rank) peers_.emplace_back(r, std::make_unique<PeerWatch>(setup.pids[r]));
     }
@@ -80,7 +79,7 @@ class CudaTeam final : public DeviceTeam {
     CudaDeviceScope scope(device_);
     ++call_.epoch;
     const size_t buffer = kFlagBytes + (call_.epoch & 1) * capacity_;
-    for (int r = 0; r < call_.buffers.k; ++r) call_.buffers.data[r] = members_[r] + buffer;
+    for (int r = 0; r < call_.buffers.k; ++r) call_.buffers.data[r] = region(r) + buffer;
     call_.budget_ns = static_cast<uint64_t>(std::chrono::nanoseconds(deadline.remaining()).count());
     control_[1].store(0);
     blocks_ = launch_team_allreduce(spec, call_, out, in, n, stream_);
@@ -113,6 +112,9 @@ class CudaTeam final : public DeviceTeam {
       if (exited_.empty() && !(exited_ = exited_peer()).empty()) control_[0].store(1);
   }
 
+  // Member r's region, mapped: its flags come first.
+  char* region(int r) const { return reinterpret_cast<char*>(call_.flags[r]); }
+
   // "rank 2 exited during ...", or empty while every peer runs.
   std::string exited_peer() const {
     for (const auto& [rank, watch] : peers_)
@@ -127,7 +129,7 @@ class CudaTeam final : public DeviceTeam {
     std::vector<uint32_t> done(kTeamFlags);
     const auto give_up = Clock::now() + kDrainLimit;
     for (;;) {
-      if (cudaMemcpy(done.data(), members_[call_.rank] + kTeamFlags * sizeof(uint32_t), done.size() * sizeof(uint32_t),
+      if (cudaMemcpy(done.data(), region(call_.rank) + kTeamFlags * sizeof(uint32_t), done.size() * sizeof(uint32_t),
                      cudaMemcpyDeviceToHost) != cudaSuccess)
         return;
       bool all = true;
@@ -153,7 +155,6 @@ class CudaTeam final : public DeviceTeam {
   std::unique_ptr<void, FreeHost> control_holder_;
   cudaStream_t stream_ = nullptr;
   std::atomic<int>* control_ = nullptr;  // host side of TeamCall::control
-  std::vector<char*> members_;           // each member's region, mapped
   std::vector<std::pair<int, std::unique_ptr<PeerWatch>>> peers_;
   TeamCall call_{};
   int blocks_ = 0;      // of the last call
