@@ -84,10 +84,12 @@ constexpr size_t kCodeAlign = 4;  // a record's codes start 4 bytes past its 4-a
 // with its codes), then each element's fold over the terms, then the output, encoded with
 // the result's scale. Elements past the block's
 // end (its last group may be partial) are loaded as zeros and never stored or measured.
-template <class T, ReduceKind K, class Code>
+// Exact mode is a template argument, as in fold_kernels.cu: its double-precision sums
+// would otherwise set every variant's register count.
+template <class T, ReduceKind K, class Code, bool kExact>
 __global__ void __launch_bounds__(kThreads)
     coded_kernel(void* out, Terms t, size_t n, size_t block, Stage stage, float premul, int world, bool quantize_inputs,
-                 bool exact, bool vector) {
+                 bool vector) {
   using C = typename Code::Code;
   __shared__ Scaled<Code> scales[kWarps][kMaxDeviceTerms];
   extern __shared__ __align__(16) float results[];  // kWarps rows of `block`, for an encoded output only
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     // `results` (its scale needs the whole block's largest magnitude first).
     const auto fold_group = [&](int i, float (&acc)[V]) {
       float v[V];
-      if (kSumLike<K> && exact) {
+      if constexpr (kExact) {
         int32_t largest[V] = {};
         for (int j = 0; j < t.k; ++j) {
           values(j, i, v);
@@ -229,12 +231,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class T, ReduceKind K, class Code, bool kExact>
+void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+                  const KernelTarget& target) {
+  // Encoding one contribution quantizes it once, in the encoder, as the CPU does.
+  const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
+  const size_t blocks = (n + spec.block - 1) / spec.block;
+  const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
+  const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
+  // Whole groups start aligned in every operand: block % V == 0 keeps each block's first
+  // element (and an encoded record, 4 + block * sizeof(code) bytes long) as aligned as
+  // the operand's start.
+  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  bool vector = spec.block % V == 0 && aligned(out, encoded ? kCodeAlign : 16);
+  for (int j = 0; j < t.k; ++j) vector = vector && aligned(t.data[j], t.form[j] == Form::Encoded ? kCodeAlign : 16);
+  coded_kernel<T, K, Code, kExact><<<grid_for(blocks * 32, target.multiprocessors), kThreads, shared, target.stream>>>(
+      out, t, n, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size, quantize_inputs,
+      vector);
+}
+
 }  // namespace
 
 void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
                   const KernelTarget& target) {
-  // Encoding one contribution quantizes it once, in the encoder, as the CPU does.
-  const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
   dispatch_dtype(spec.dtype, [&](auto type) {
     using T = typename decltype(type)::type;
     if constexpr (std::is_same_v<AccOf<T>, float>) {
@@ -245,20 +264,10 @@ void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
         } else {
           dispatch_codec(spec.codec, [&](auto code) {
             using Code = typename decltype(code)::type;
-            const size_t blocks = (n + spec.block - 1) / spec.block;
-            const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
-            const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
-            // Whole groups start aligned in every operand: block % V == 0 keeps each
-            // block's first element (and an encoded record, 4 + block * sizeof(code)
-            // bytes long) as aligned as the operand's start.
-            const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-            bool vector = spec.block % V == 0 && aligned(out, encoded ? kCodeAlign : 16);
-            for (int j = 0; j < t.k; ++j)
-              vector = vector && aligned(t.data[j], t.form[j] == Form::Encoded ? kCodeAlign : 16);
-            coded_kernel<T, K, Code><<<grid_for(blocks * 32, target.multiprocessors), kThreads, shared,
-                                       target.stream>>>(
-                out, t, n, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size,
-                quantize_inputs, spec.exact, vector);
+            if constexpr (kSumLike<K>) {
+              if (spec.exact) return launch_typed<T, K, Code, true>(spec, stage, out, t, n, target);
+            }
+            launch_typed<T, K, Code, false>(spec, stage, out, t, n, target);
           });
         }
       });
