@@ -254,22 +254,13 @@ void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
 
 void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
                   const KernelTarget& target) {
-  dispatch_dtype(spec.dtype, [&](auto type) {
+  dispatch_fold(spec, [&](auto type, auto kind, auto exact) {
     using T = typename decltype(type)::type;
+    constexpr ReduceKind K = decltype(kind)::value;
+    constexpr bool kExact = decltype(exact)::value;
     if constexpr (std::is_same_v<AccOf<T>, float>) {
-      dispatch_reduce(spec.reduction.kind, [&](auto kind) {
-        constexpr ReduceKind K = decltype(kind)::value;
-        if constexpr (K == ReduceKind::BitAnd || K == ReduceKind::BitOr || K == ReduceKind::BitXor) {
-          fail(ErrorKind::Internal, "pycomm: bitwise reduction of floating data");
-        } else {
-          dispatch_codec(spec.codec, [&](auto code) {
-            using Code = typename decltype(code)::type;
-            if constexpr (kSumLike<K>) {
-              if (spec.exact) return launch_typed<T, K, Code, true>(spec, stage, out, t, n, target);
-            }
-            launch_typed<T, K, Code, false>(spec, stage, out, t, n, target);
-          });
-        }
+      dispatch_codec(spec.codec, [&](auto code) {
+        launch_typed<T, K, typename decltype(code)::type, kExact>(spec, stage, out, t, n, target);
       });
     } else {
       fail(ErrorKind::Internal, "pycomm: compression of a type that does not accumulate in float32");

@@ -1,10 +1,7 @@
 // Uncoded folds (kernels.h): one thread per V consecutive elements (fold.cuh), folding the
 // terms in the order given, as the CPU does. Exact mode reads the terms twice per element
 // (largest magnitude, then grid steps), the second time mostly from cache.
-#include <algorithm>
-#include <type_traits>
 
-#include "core/dispatch.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fold.cuh"
 
@@ -39,28 +36,13 @@ void launch_typed(void* out, const Terms& t, size_t n, AccOf<T> premul, int worl
 
 void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
                  const KernelTarget& target) {
-  dispatch_dtype(spec.dtype, [&](auto type) {
+  dispatch_fold(spec, [&](auto type, auto kind, auto exact) {
     using T = typename decltype(type)::type;
-    using A = AccOf<T>;
-    dispatch_reduce(spec.reduction.kind, [&](auto kind) {
-      constexpr ReduceKind K = decltype(kind)::value;
-      constexpr bool kBitwise = K == ReduceKind::BitAnd || K == ReduceKind::BitOr || K == ReduceKind::BitXor;
-      if constexpr (std::is_floating_point_v<A> && kBitwise) {
-        fail(ErrorKind::Internal, "pycomm: bitwise reduction of floating data");
-      } else {
-        const auto premul = static_cast<A>(spec.reduction.premul);
-        const bool final = stage == Stage::Final;
-        if constexpr (std::is_floating_point_v<A> && kSumLike<K>) {
-          if (spec.exact) {
-            if (final) launch_typed<T, K, true, true>(out, t, n, premul, spec.world_size, target);
-            else launch_typed<T, K, false, true>(out, t, n, premul, spec.world_size, target);
-            return;
-          }
-        }
-        if (final) launch_typed<T, K, true, false>(out, t, n, premul, spec.world_size, target);
-        else launch_typed<T, K, false, false>(out, t, n, premul, spec.world_size, target);
-      }
-    });
+    constexpr ReduceKind K = decltype(kind)::value;
+    constexpr bool kExact = decltype(exact)::value;
+    const auto premul = static_cast<AccOf<T>>(spec.reduction.premul);
+    if (stage == Stage::Final) launch_typed<T, K, true, kExact>(out, t, n, premul, spec.world_size, target);
+    else launch_typed<T, K, false, kExact>(out, t, n, premul, spec.world_size, target);
   });
 }
 

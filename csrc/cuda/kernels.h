@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/dispatch.h"
 #include "core/numerics.h"
 #include "cuda/reduce_kernels.h"
 
@@ -21,6 +23,32 @@ struct Terms {
 
 template <ReduceKind K>
 constexpr bool kSumLike = K == ReduceKind::Sum || K == ReduceKind::Avg || K == ReduceKind::PremulSum;
+
+// Calls f(TypeTag<T>{}, KindTag<K>{}, std::bool_constant<kExact>{}) for spec's reduction
+// of T: exact only for sum-like reductions of floating data (as the CPU does), so the
+// other kernels never carry its sums. Validation refuses bitwise reductions of floating
+// data before any kernel is chosen. (A function per level, not nested generic lambdas:
+// nvcc's host pass misreads a type taken from an enclosing generic lambda's parameter.)
+template <class T, class F>
+void dispatch_fold_of(const ReduceSpec& spec, F& f) {
+  constexpr bool kFloating = std::is_floating_point_v<AccOf<T>>;
+  dispatch_reduce(spec.reduction.kind, [&](auto kind) {
+    constexpr ReduceKind K = decltype(kind)::value;
+    if constexpr (kFloating && (K == ReduceKind::BitAnd || K == ReduceKind::BitOr || K == ReduceKind::BitXor)) {
+      fail(ErrorKind::Internal, "pycomm: bitwise reduction of floating data");
+    } else {
+      if constexpr (kFloating && kSumLike<K>) {
+        if (spec.exact) return f(TypeTag<T>{}, kind, std::true_type{});
+      }
+      f(TypeTag<T>{}, kind, std::false_type{});
+    }
+  });
+}
+
+template <class F>
+void dispatch_fold(const ReduceSpec& spec, F&& f) {
+  dispatch_dtype(spec.dtype, [&](auto type) { dispatch_fold_of<typename decltype(type)::type>(spec, f); });
+}
 
 constexpr int kThreads = 256;
 // The largest codec block of a coded fold (a warp per codec block; an encoded output's

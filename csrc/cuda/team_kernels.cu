@@ -27,9 +27,7 @@
 // deadline) or the host raised control[0] (the group aborted, a peer process exited),
 // and reports it in control[1]; it never spins past either.
 #include <algorithm>
-#include <type_traits>
 
-#include "core/dispatch.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fold.cuh"
 #include "cuda/team_kernels.h"
@@ -118,32 +116,17 @@ __global__ void __launch_bounds__(kThreads)
 int launch_team_allreduce(const ReduceSpec& spec, const TeamCall& call, void* out, const void* in, size_t n,
                           cudaStream_t stream) {
   int blocks = 0;
-  dispatch_dtype(spec.dtype, [&](auto type) {
+  dispatch_fold(spec, [&](auto type, auto kind, auto exact) {
     using T = typename decltype(type)::type;
-    using A = AccOf<T>;
     constexpr int V = 16 / sizeof(T) > 0 ? static_cast<int>(16 / sizeof(T)) : 1;
     // The same grid on every member: it depends on n and the type only.
     const size_t threads = (n + V - 1) / V;
     blocks = static_cast<int>(std::clamp<size_t>((threads + kThreads - 1) / kThreads, 1, kTeamBlocks));
     const bool in_aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
     const bool out_aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0;
-    dispatch_reduce(spec.reduction.kind, [&](auto kind) {
-      constexpr ReduceKind K = decltype(kind)::value;
-      constexpr bool kBitwise = K == ReduceKind::BitAnd || K == ReduceKind::BitOr || K == ReduceKind::BitXor;
-      if constexpr (std::is_floating_point_v<A> && kBitwise) {
-        fail(ErrorKind::Internal, "pycomm: bitwise reduction of floating data");
-      } else {
-        const auto premul = static_cast<A>(spec.reduction.premul);
-        const auto launch = [&](auto kernel) {
-          kernel<<<blocks, kThreads, 0, stream>>>(call, static_cast<const T*>(in), static_cast<T*>(out), n, premul,
-                                                 spec.world_size, in_aligned, out_aligned);
-        };
-        if constexpr (std::is_floating_point_v<A> && kSumLike<K>) {
-          if (spec.exact) return launch(team_allreduce_kernel<T, K, true, V>);
-        }
-        launch(team_allreduce_kernel<T, K, false, V>);
-      }
-    });
+    team_allreduce_kernel<T, decltype(kind)::value, decltype(exact)::value, V><<<blocks, kThreads, 0, stream>>>(
+        call, static_cast<const T*>(in), static_cast<T*>(out), n, static_cast<AccOf<T>>(spec.reduction.premul),
+        spec.world_size, in_aligned, out_aligned);
   });
   cuda_check(cudaGetLastError(), "team all-reduce kernel launch");
   return blocks;
