@@ -4,11 +4,16 @@
 // requests over the slot-arena shared-memory transport (as CUDA IPC does) and over TCP
 // channels staged through device slots (which page-lock the TCP slots while they live).
 // Every result must equal the host path's, bit for bit, for every algorithm, compressed
-// and not, in every determinism mode.
+// and not, in every determinism mode. A stand-in team (threads meeting on a board) shows
+// which all-reduces the communicator hands to a device team, and that an abort reaches it.
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/communicator.h"
@@ -56,11 +61,85 @@ class HostArena final : public SlotArena {
   std::unique_ptr<char[]> memory_;
 };
 
+// Where the members of a stand-in team meet: each call, every member copies its input
+// here, waits for all, folds them in rank order and waits until all have folded (only
+// then may a member's copy change).
+struct TeamBoard {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::vector<char>> inputs;
+  int joined = 0;
+  uint64_t arrived = 0, folded = 0;
+};
+
+std::mutex boards_mutex;
+std::map<std::string, std::shared_ptr<TeamBoard>> boards;  // by key, until every member joined
+std::atomic<int> teams_made{0}, team_calls{0};
+
+// DeviceTeam's contract in host memory (a timeout at the deadline, a PeerFailure on
+// abort, refusal after either), the CPU ops' bits.
+class HostTeam final : public DeviceTeam {
+ public:
+  explicit HostTeam(const TeamSetup& s) : rank_(s.rank), size_(s.size), capacity_(s.capacity) {
+    const std::string key = s.key_prefix + "@" + std::to_string(reinterpret_cast<uintptr_t>(s.store));
+    std::lock_guard<std::mutex> lock(boards_mutex);
+    std::shared_ptr<TeamBoard>& board = boards[key];
+    if (!board) {
+      board = std::make_shared<TeamBoard>();
+      board->inputs.resize(s.size);
+    }
+    board_ = board;
+    if (++board->joined == s.size) boards.erase(key);
+  }
+  size_t capacity() const override { return capacity_; }
+  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) override {
+    CHECK(n * element_size(spec.dtype) <= capacity_, "team all-reduce of %zu elements past its capacity", n);
+    ++team_calls;
+    std::unique_lock<std::mutex> lock(board_->mutex);
+    if (failed_) fail(ErrorKind::PeerFailure, "the team failed earlier");
+    const uint64_t all = ++calls_ * size_;
+    const auto wait_for = [&](const uint64_t& count) {
+      const bool met = board_->changed.wait_until(lock, deadline.at, [&] { return count >= all || aborted_; });
+      if (met && !aborted_) return;
+      failed_ = true;
+      if (aborted_) fail(ErrorKind::PeerFailure, "team aborted");
+      fail(ErrorKind::Timeout, "timed out waiting for the team");
+    };
+    const auto* bytes = static_cast<const char*>(in);
+    board_->inputs[rank_].assign(bytes, bytes + n * element_size(spec.dtype));
+    ++board_->arrived;
+    board_->changed.notify_all();
+    wait_for(board_->arrived);
+    std::vector<Term> terms;
+    for (const std::vector<char>& input : board_->inputs) terms.push_back({input.data(), Form::Input});
+    cpu_ops().reduce_terms(spec, Stage::Final, out, terms.data(), size_, n);
+    ++board_->folded;
+    board_->changed.notify_all();
+    wait_for(board_->folded);
+  }
+  void abort() override {
+    std::lock_guard<std::mutex> lock(board_->mutex);
+    aborted_ = true;
+    board_->changed.notify_all();
+  }
+
+ private:
+  const int rank_, size_;
+  const size_t capacity_;
+  std::shared_ptr<TeamBoard> board_;
+  uint64_t calls_ = 0;
+  bool aborted_ = false, failed_ = false;  // guarded by board_->mutex
+};
+
 class HostRuntime final : public DeviceRuntime {
  public:
   const char* name() const override { return "host-test"; }
   std::unique_ptr<DeviceOps> make_ops(int) const override { return std::make_unique<HostOps>(); }
   std::unique_ptr<SlotArena> make_slot_arena(int) const override { return std::make_unique<HostArena>(); }
+  std::unique_ptr<DeviceTeam> make_team(int, const TeamSetup& setup) const override {
+    ++teams_made;
+    return std::make_unique<HostTeam>(setup);
+  }
 };
 
 float value(int rank, size_t i) {
@@ -122,16 +201,128 @@ void test_device_matches_host(int n, TransportChoice transport, int ranks_per_no
   });
 }
 
+bool on_team(bool oneshot, Compression c, size_t bytes, size_t capacity) {
+  return oneshot && c == Compression::None && bytes <= capacity;
+}
+
+// Which all-reduces a team carries: one-shot (chosen or selected), uncompressed, up to its
+// capacity, in every determinism mode, with the host path's bits; nothing else.
+void test_team_carries_small_oneshots(int n) {
+  constexpr size_t kCapacity = 4096;
+  const int made = teams_made, calls = team_calls;
+  std::atomic<int> expected{0};
+  with_world(n, [](Config& cfg) { cfg.cuda_flag_bytes = kCapacity; }, [&](int r, Communicator& comm) {
+    for (size_t count : {size_t{1}, size_t{1000}, kCapacity / sizeof(float), kCapacity / sizeof(float) + 1})
+      for (Algorithm a : {Algorithm::Auto, Algorithm::OneShot, Algorithm::Ring, Algorithm::TwoShot})
+        for (Compression c : {Compression::None, Compression::Bf16})
+          for (Determinism d : {Determinism::Default, Determinism::Exact})
+            for (ReduceKind k : {ReduceKind::Sum, ReduceKind::Avg, ReduceKind::Max}) {
+              std::vector<float> host(count), device(count);
+              for (size_t i = 0; i < count; ++i) host[i] = device[i] = value(r, i);
+              for (int on_device : {0, 1}) {
+                Request rq;
+                rq.options.algorithm = a;
+                rq.options.compression = c;
+                rq.options.determinism = d;
+                rq.reduction.kind = k;
+                rq.count = count;
+                rq.input = rq.output = on_device ? device.data() : host.data();
+                rq.device = on_device ? 0 : -1;
+                comm.validate(rq);
+                comm.execute(rq);
+              }
+              const bool oneshot = a == Algorithm::Auto || a == Algorithm::OneShot;
+              if (on_team(oneshot, c, count * sizeof(float), kCapacity)) ++expected;
+              // Auto may choose another algorithm on the host, whose order differs.
+              if (a != Algorithm::Auto || d != Determinism::Default)
+                CHECK(std::memcmp(host.data(), device.data(), count * sizeof(float)) == 0,
+                      "n=%d rank %d count %zu %s %s determinism %d op %s: team bits differ from host bits", n, r,
+                      count, name_of(a), name_of(c), static_cast<int>(d), name_of(k));
+            }
+  });
+  CHECK(teams_made - made == n, "%d teams made for a group of %d on one host", teams_made - made, n);
+  CHECK(team_calls - calls == expected, "the team carried %d all-reduces, expected %d", team_calls - calls,
+        expected.load());
+}
+
+// PYCOMM_CUDA_FLAG_BYTES=0: no team.
+void test_no_team_without_flag_bytes() {
+  const int made = teams_made;
+  with_world(2, [](Config& cfg) { cfg.cuda_flag_bytes = 0; }, [&](int, Communicator& comm) {
+    std::vector<float> data(16, 1.0f);
+    Request rq;
+    rq.count = data.size();
+    rq.input = rq.output = data.data();
+    rq.device = 0;
+    comm.validate(rq);
+    comm.execute(rq);
+    CHECK(data[0] == 2.0f, "host-driven all-reduce gave %g, expected 2", data[0]);
+  });
+  CHECK(teams_made == made, "%d team members made with PYCOMM_CUDA_FLAG_BYTES=0", teams_made - made);
+}
+
+// An abort reaches a member waiting in its team (a PeerFailure, long before the
+// deadline); a member whose peer never comes times out at the deadline.
+void test_abort_reaches_the_team() {
+  std::vector<Communicator*> comms(3);
+  std::atomic<int> ready{0}, finished{0};
+  with_world(3, [](Config& cfg) { cfg.cuda_flag_bytes = 4096; }, [&](int r, Communicator& comm) {
+    comms[r] = &comm;
+    std::vector<float> data(16, 1.0f);
+    Request rq;
+    rq.count = data.size();
+    rq.input = rq.output = data.data();
+    rq.device = 0;
+    comm.validate(rq);
+    comm.execute(rq);  // sets up the device path, on every rank
+    ++ready;
+    while (ready < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // No communicator is destroyed before every rank is done with it.
+    const auto done = [&] {
+      ++finished;
+      while (finished < 3) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    };
+    if (r == 1) {  // never joins the second call; aborts rank 0's
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      comms[0]->abort("test: abort rank 0");
+      return done();
+    }
+    rq.timeout = std::chrono::milliseconds(r == 0 ? 20000 : 1500);
+    const auto start = Clock::now();
+    ErrorKind kind = ErrorKind::Internal;
+    try {
+      comm.execute(rq);
+    } catch (const Error& e) {
+      kind = e.kind();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    done();
+    if (r == 0)
+      CHECK(kind == ErrorKind::PeerFailure && seconds < 10, "rank 0: error kind %d after %.1f s, expected a PeerFailure",
+            static_cast<int>(kind), seconds);
+    else
+      CHECK(kind == ErrorKind::Timeout && seconds > 1.4 && seconds < 10,
+            "rank 2: error kind %d after %.1f s, expected a Timeout at 1.5 s", static_cast<int>(kind), seconds);
+  });
+}
+
 }  // namespace
 
 int main() {
   static const HostRuntime runtime;
   register_device_runtime(&runtime);
-  test_device_matches_host(4, TransportChoice::Auto, 2);  // 2 nodes of 2: hierarchical
+  // 2 nodes of 2 (hierarchical) in one process: one host to CUDA IPC, so one team of 4.
+  test_device_matches_host(4, TransportChoice::Auto, 2);
   CHECK(pins_made == 0, "%d host ranges pinned with no staged channel", pins_made.load());
+  CHECK(teams_made == 4, "%d team members made for a group of 4 on one host", teams_made.load());
   test_device_matches_host(3, TransportChoice::Tcp, 0);   // every frame staged over TCP
   CHECK(pins_made == 3 * 2 * 2, "%d host ranges pinned, expected 2 per staged channel", pins_made.load());
   CHECK(pins_held == 0, "%d pinned host ranges outlived their channels", pins_held.load());
+  CHECK(teams_made == 4, "%d team members made for a group without IPC", teams_made - 4);
+  test_team_carries_small_oneshots(3);
+  test_team_carries_small_oneshots(2);
+  test_no_team_without_flag_bytes();
+  test_abort_reaches_the_team();
   std::printf("test_device_path: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
   return failures ? 1 : 0;
 }
