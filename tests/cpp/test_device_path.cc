@@ -147,6 +147,21 @@ float value(int rank, size_t i) {
   return static_cast<float>(static_cast<int>((i * 7919 + rank * 104729) % 2001) - 1000) * magnitudes[(i + rank) % 4] / 997.0f;
 }
 
+// An in-place float32 all-reduce of `data`, on "device" 0 or the host.
+Request all_reduce_of(std::vector<float>& data, bool on_device, const CallOptions& options = {}) {
+  Request rq;
+  rq.options = options;
+  rq.count = data.size();
+  rq.input = rq.output = data.data();
+  rq.device = on_device ? 0 : -1;
+  return rq;
+}
+
+void run(Communicator& comm, Request rq) {
+  comm.validate(rq);
+  comm.execute(rq);
+}
+
 void test_device_matches_host(int n, TransportChoice transport, int ranks_per_node) {
   const auto configure = [&](Config& cfg) {
     cfg.transport = transport;
@@ -161,18 +176,8 @@ void test_device_matches_host(int n, TransportChoice transport, int ranks_per_no
         for (Determinism d : {Determinism::Default, Determinism::Ordered, Determinism::Exact}) {
           std::vector<float> host(count), device(count);
           for (size_t i = 0; i < count; ++i) host[i] = device[i] = value(r, i);
-          for (int on_device : {0, 1}) {
-            Request rq;
-            rq.collective = Collective::AllReduce;
-            rq.options.algorithm = a;
-            rq.options.compression = c;
-            rq.options.determinism = d;
-            rq.count = count;
-            rq.input = rq.output = on_device ? device.data() : host.data();
-            rq.device = on_device ? 0 : -1;
-            comm.validate(rq);
-            comm.execute(rq);
-          }
+          const CallOptions options{a, c, 0, d};  // block 0: the default
+          for (bool on_device : {false, true}) run(comm, all_reduce_of(on_device ? device : host, on_device, options));
           // The device path may choose another algorithm for Auto; the others match.
           if (a != Algorithm::Auto || d != Determinism::Default)
             CHECK(std::memcmp(host.data(), device.data(), count * sizeof(float)) == 0,
@@ -219,17 +224,10 @@ void test_team_carries_small_oneshots(int n) {
             for (ReduceKind k : {ReduceKind::Sum, ReduceKind::Avg, ReduceKind::Max}) {
               std::vector<float> host(count), device(count);
               for (size_t i = 0; i < count; ++i) host[i] = device[i] = value(r, i);
-              for (int on_device : {0, 1}) {
-                Request rq;
-                rq.options.algorithm = a;
-                rq.options.compression = c;
-                rq.options.determinism = d;
+              for (bool on_device : {false, true}) {
+                Request rq = all_reduce_of(on_device ? device : host, on_device, CallOptions{a, c, 0, d});
                 rq.reduction.kind = k;
-                rq.count = count;
-                rq.input = rq.output = on_device ? device.data() : host.data();
-                rq.device = on_device ? 0 : -1;
-                comm.validate(rq);
-                comm.execute(rq);
+                run(comm, rq);
               }
               const bool oneshot = a == Algorithm::Auto || a == Algorithm::OneShot;
               if (on_team(oneshot, c, count * sizeof(float), kCapacity)) ++expected;
@@ -250,12 +248,7 @@ void test_no_team_without_flag_bytes() {
   const int made = teams_made;
   with_world(2, [](Config& cfg) { cfg.cuda_flag_bytes = 0; }, [&](int, Communicator& comm) {
     std::vector<float> data(16, 1.0f);
-    Request rq;
-    rq.count = data.size();
-    rq.input = rq.output = data.data();
-    rq.device = 0;
-    comm.validate(rq);
-    comm.execute(rq);
+    run(comm, all_reduce_of(data, true));
     CHECK(data[0] == 2.0f, "host-driven all-reduce gave %g, expected 2", data[0]);
   });
   CHECK(teams_made == made, "%d team members made with PYCOMM_CUDA_FLAG_BYTES=0", teams_made - made);
@@ -269,10 +262,7 @@ void test_abort_reaches_the_team() {
   with_world(3, [](Config& cfg) { cfg.cuda_flag_bytes = 4096; }, [&](int r, Communicator& comm) {
     comms[r] = &comm;
     std::vector<float> data(16, 1.0f);
-    Request rq;
-    rq.count = data.size();
-    rq.input = rq.output = data.data();
-    rq.device = 0;
+    Request rq = all_reduce_of(data, true);
     comm.validate(rq);
     comm.execute(rq);  // sets up the device path, on every rank
     ++ready;
