@@ -253,6 +253,19 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+// sendmsg() of `count` pieces without blocking, again where a signal interrupted it: the
+// bytes the kernel took (0 where the socket buffer is full), or -errno.
+ssize_t send_pieces(int fd, iovec* iov, size_t count) {
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = count;
+  for (;;) {
+    const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno != EINTR) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+  }
+}
+
 int poll_timeout_ms(Clock::time_point until) {
   const auto left = until - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
@@ -997,15 +1010,9 @@ void TcpTransport::write_ready(TcpChannel& c) {
       add(&h, kHeaderBytes);
       add(c.out_slot(f), h.bytes);
     }
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = count;
-    const ssize_t n = ::sendmsg(c.sock_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      return socket_error(c, errno);
-    }
+    const ssize_t n = send_pieces(c.sock_.get(), iov, count);
+    if (n == 0) return;
+    if (n < 0) return socket_error(c, static_cast<int>(-n));
     size_t left = c.out_off_ + static_cast<size_t>(n);
     uint64_t done = 0;
     for (uint64_t f = written; f < last; ++f) {
@@ -1050,13 +1057,9 @@ void TcpTransport::write_abort(TcpChannel& c) {
       c.closed_ = true;
       return;
     }
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = count;
-    const ssize_t n = ::sendmsg(c.sock_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = send_pieces(c.sock_.get(), iov, count);
+    if (n == 0) return;
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       ::shutdown(c.sock_.get(), SHUT_RDWR);  // best effort only: give up on this peer
       c.closed_ = true;
       return;
