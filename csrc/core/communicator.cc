@@ -326,18 +326,8 @@ Communicator::DevicePath& Communicator::device_path(int device) {
     if (p.rank != rank_ && p.host_key == ranks_[rank_].host_key && config_.transport != TransportChoice::Tcp)
       setup.peers.push_back(p.rank);
   if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, runtime.make_slot_arena(device));
-  if (path->ipc && setup.peers.size() + 1 == static_cast<size_t>(size_) && config_.cuda_flag_bytes) {
-    TeamSetup team;
-    team.store = store_;
-    team.key_prefix = setup.key_prefix + "/team";
-    team.rank = rank_;
-    team.size = size_;
-    for (const PeerInfo& p : ranks_) team.pids.push_back(p.pid);
-    team.capacity = config_.cuda_flag_bytes;
-    team.time_sliced = config_.cuda_flags_time_sliced;
-    team.deadline = setup.deadline;
-    path->team = runtime.make_team(device, team);
-  }
+  if (path->ipc && setup.peers.size() + 1 == static_cast<size_t>(size_) && config_.cuda_flag_bytes)
+    path->team = runtime.make_team(device, setup);
   path->channels.assign(size_, nullptr);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;

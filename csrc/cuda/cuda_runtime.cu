@@ -147,7 +147,7 @@ class CudaRuntime final : public DeviceRuntime {
   std::unique_ptr<SlotArena> make_slot_arena(int index) const override {
     return std::make_unique<CudaSlotArena>(index);
   }
-  std::unique_ptr<DeviceTeam> make_team(int index, const TeamSetup& setup) const override {
+  std::unique_ptr<DeviceTeam> make_team(int index, const TransportSetup& setup) const override {
     return make_cuda_team(index, make_slot_arena(index), setup);
   }
 };

@@ -9,6 +9,6 @@ namespace pycomm {
 const DeviceRuntime& cuda_runtime();
 
 // This rank's member of a team (cuda_team.cu) whose memory lives in `arena`.
-std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup);
+std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TransportSetup& setup);
 
 }  // namespace pycomm

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/config.h"
 #include "core/peer_watch.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_runtime.h"
@@ -31,8 +32,8 @@ constexpr std::chrono::seconds kDrainLimit{1};
 
 class CudaTeam final : public DeviceTeam {
  public:
-  CudaTeam(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup)
-      : device_(device), arena_(std::move(arena)), capacity_((setup.capacity + 255) & ~size_t{255}) {
+  CudaTeam(int device, std::unique_ptr<SlotArena> arena, const TransportSetup& setup)
+      : device_(device), arena_(std::move(arena)), capacity_((setup.config->cuda_flag_bytes + 255) & ~size_t{255}) {
     CudaDeviceScope scope(device_);
     // Owned from here, so that a set-up that fails below (a peer that never publishes,
     // say) releases them: the destructor does not run for a constructor that throws.
@@ -55,13 +56,13 @@ class CudaTeam final : public DeviceTeam {
     cuda_check(cudaMemset(arena_->base(), 0, kFlagBytes), "cudaMemset (team flags)");
     cuda_check(cudaDeviceSynchronize(), "team set-up");
     const auto handles =
-        all_gather_strings(*setup.store, setup.key_prefix, setup.rank, setup.size, handle, setup.deadline);
+        all_gather_strings(*setup.store, setup.key_prefix + "/team", setup.rank, setup.size, handle, setup.deadline);
     call_.rank = setup.rank;
     call_.buffers.k = setup.size;
     for (int r = 0; r < setup.size; ++r) {
       call_.flags[r] = reinterpret_cast<uint32_t*>(r == setup.rank ? arena_->base() : arena_->map(handles[r], r));
       call_.buffers.form[r] = Form::Input;
-      if (r != setup.rank) peers_.emplace_back(r, std::make_unique<PeerWatch>(setup.pids[r]));
+      if (r != setup.rank) peers_.emplace_back(r, std::make_unique<PeerWatch>(setup.ranks[r].pid));
     }
   }
 
@@ -166,12 +167,12 @@ class CudaTeam final : public DeviceTeam {
 // device unless MPS shares that device's contexts. Where processes time-slice a device, a
 // waiting kernel keeps it for its time slice before the peer it waits for can arrive.
 // Every member decides from the same published descriptions.
-bool members_run_at_once(int device, const TeamSetup& setup) {
+bool members_run_at_once(int device, const TransportSetup& setup) {
   char bus[32] = {};
   int mps = 0;
   cuda_check(cudaDeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
   cuda_check(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device), "cudaDeviceGetAttribute");
-  const auto all = all_gather_strings(*setup.store, setup.key_prefix + "/device", setup.rank, setup.size,
+  const auto all = all_gather_strings(*setup.store, setup.key_prefix + "/team/device", setup.rank, setup.size,
                                       std::string(mps ? "mps " : "sliced ") + bus, setup.deadline);
   std::map<std::string, int> members_on;  // by bus id
   const auto bus_of = [](const std::string& d) { return d.substr(d.find(' ') + 1); };
@@ -183,10 +184,10 @@ bool members_run_at_once(int device, const TeamSetup& setup) {
 
 }  // namespace
 
-std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TeamSetup& setup) {
+std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TransportSetup& setup) {
   if (setup.size > kMaxTeam) return nullptr;
   CudaDeviceScope scope(device);
-  if (!members_run_at_once(device, setup) && !setup.time_sliced) return nullptr;
+  if (!members_run_at_once(device, setup) && !setup.config->cuda_flags_time_sliced) return nullptr;
   return std::make_unique<CudaTeam>(device, std::move(arena), setup);
 }
 

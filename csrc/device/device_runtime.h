@@ -1,11 +1,10 @@
 // An accelerator's runtime, as the core sees it: ops on its memory, shared device memory
-// for transports, and teams of devices that synchronize collectives themselves. The core links against no accelerator library; the CUDA build
-// of the extension's module registers its runtime when it is loaded (csrc/cuda).
+// for transports, and teams of devices that synchronize collectives themselves. The core
+// links against no accelerator library; the CUDA build of the extension's module
+// registers its runtime when it is loaded (csrc/cuda).
 #pragma once
 
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "core/transport.h"
 #include "device/device_ops.h"
@@ -30,19 +29,6 @@ class DeviceTeam {
   virtual void abort() = 0;
 };
 
-struct TeamSetup {
-  Store* store = nullptr;
-  std::string key_prefix;  // private to this team
-  int rank = 0;
-  int size = 1;
-  std::vector<int> pids;   // every member's process, by rank
-  size_t capacity = 0;     // bytes
-  // Members wait for each other's kernels, so by default a team is made only where they
-  // run at the same time; true: also where processes time-slice one device.
-  bool time_sliced = false;
-  Deadline deadline;       // for set-up
-};
-
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -52,10 +38,16 @@ class DeviceRuntime {
   virtual std::unique_ptr<DeviceOps> make_ops(int index) const = 0;
   // Slot payloads in device `index`'s memory, mappable by processes of this host.
   virtual std::unique_ptr<SlotArena> make_slot_arena(int index) const = 0;
-  // This rank's member of a team on device `index`, made by every rank of the group with
-  // the same setup (but its rank). Null where the runtime has no team for the setup
-  // (the same answer on every rank).
-  virtual std::unique_ptr<DeviceTeam> make_team(int /*index*/, const TeamSetup& /*setup*/) const { return nullptr; }
+  // This rank's member of a team of the whole group on device `index`, made by every
+  // rank with the set-up of its transport to the others' device memory (so every rank is
+  // on this host; the team's keys are below setup.key_prefix + "/team"). Its capacity is
+  // setup.config->cuda_flag_bytes. Members wait for each other's kernels, so a team is
+  // made only where they run at the same time, unless setup.config says
+  // cuda_flags_time_sliced. Null where the runtime has no team (the same answer on every
+  // rank).
+  virtual std::unique_ptr<DeviceTeam> make_team(int /*index*/, const TransportSetup& /*setup*/) const {
+    return nullptr;
+  }
 };
 
 // Called once, at load time, by the module of a build with an accelerator.

@@ -80,7 +80,7 @@ std::atomic<int> teams_made{0}, team_calls{0};
 // abort, refusal after either), the CPU ops' bits.
 class HostTeam final : public DeviceTeam {
  public:
-  explicit HostTeam(const TeamSetup& s) : rank_(s.rank), size_(s.size), capacity_(s.capacity) {
+  explicit HostTeam(const TransportSetup& s) : rank_(s.rank), size_(s.size), capacity_(s.config->cuda_flag_bytes) {
     const std::string key = s.key_prefix + "@" + std::to_string(reinterpret_cast<uintptr_t>(s.store));
     std::lock_guard<std::mutex> lock(boards_mutex);
     std::shared_ptr<TeamBoard>& board = boards[key];
@@ -136,7 +136,7 @@ class HostRuntime final : public DeviceRuntime {
   const char* name() const override { return "host-test"; }
   std::unique_ptr<DeviceOps> make_ops(int) const override { return std::make_unique<HostOps>(); }
   std::unique_ptr<SlotArena> make_slot_arena(int) const override { return std::make_unique<HostArena>(); }
-  std::unique_ptr<DeviceTeam> make_team(int, const TeamSetup& setup) const override {
+  std::unique_ptr<DeviceTeam> make_team(int, const TransportSetup& setup) const override {
     ++teams_made;
     return std::make_unique<HostTeam>(setup);
   }
