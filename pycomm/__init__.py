@@ -7,6 +7,7 @@ changes. The direct API below runs the same collectives with per-call options.
 from __future__ import annotations
 
 import json
+import sys
 from datetime import timedelta
 
 import torch
@@ -25,9 +26,32 @@ BACKEND_NAME = "pycomm"
 def _create_backend(dist_opts, backend_opts):
     timeout = dist_opts.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    return _C.ProcessGroupPycomm(
+    backend = _C.ProcessGroupPycomm(
         dist_opts.store, dist_opts.group_rank, dist_opts.group_size, seconds, str(dist_opts.group_id)
     )
+    devices = _devices_of_pycomm_group(sys._getframe(1))
+    if devices:
+        return _C.PycommProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, backend, devices)
+    return backend
+
+
+def _devices_of_pycomm_group(caller):
+    """The devices of the group being created when pycomm serves every one of them, else
+    None. Such a group is made a PycommProcessGroup, which torch keeps as the group itself
+    and which is named "pycomm" where torch and DDP read a group's name; a group that
+    mixes backends ("cpu:pycomm,cuda:nccl") stays torch's own, named "custom". torch hands
+    a creator neither the group nor its device map: its group helper, the caller, holds the
+    map as `backend_config`; where that cannot be read, the group stays torch's own."""
+    if caller.f_code.co_name != "_new_process_group_helper":
+        return None
+    config = caller.f_locals.get("backend_config")
+    try:
+        device_map = config.get_device_backend_map()
+    except AttributeError:
+        return None
+    if not device_map or any(name != BACKEND_NAME for name in device_map.values()):
+        return None
+    return [torch.device(device) for device in device_map]
 
 
 if BACKEND_NAME not in dist.Backend.backend_list:

@@ -27,6 +27,9 @@ struct FrameTrace {
   void frame(const OpStamp& op, bool sent, int group_peer, size_t bytes) const;
 };
 
+// Recv's root for a receive from whichever rank sends first (with the recv's tag).
+constexpr int kAnySource = -1;
+
 // One operation, as validated by the caller. Counts are in elements of `dtype`.
 struct Request {
   Collective collective = Collective::AllReduce;
@@ -41,6 +44,7 @@ struct Request {
   size_t count = 0;
   int root = 0;            // Broadcast, Reduce, Gather, Scatter; the peer for Send/Recv
   int tag = 0;             // Send/Recv
+  int* source = nullptr;   // Recv from kAnySource: receives the rank whose send it took
   std::vector<size_t> send_counts, recv_counts;  // AllToAll, per peer, contiguous
   std::chrono::milliseconds timeout{0};          // 0: the group's timeout
 };

@@ -13,8 +13,11 @@ namespace pycomm {
 namespace {
 
 // Sends to a peer and receives from it are separate lanes: they use opposite directions
-// of the pair's channel and must not wait for each other.
-int p2p_lane(int peer, bool send) { return 2 * peer + (send ? 1 : 0); }
+// of the pair's channel and must not wait for each other. Receives from any source have
+// a lane of their own, after every peer's two.
+int p2p_lane(int peer, bool send, int size) {
+  return peer == kAnySource ? 2 * size : 2 * peer + (send ? 1 : 0);
+}
 
 std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
   return t == c10d::kUnsetTimeout ? std::chrono::milliseconds(0) : t;
@@ -59,6 +62,11 @@ c10::Stream current_stream(const at::Device& device) {
 
 PycommWork::PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result)
     : Work(rank, type, title), result_(std::move(result)) {}
+
+int PycommWork::sourceRank() const {
+  TORCH_CHECK_VALUE(source >= 0, "pycomm: source_rank() is known only for a completed recv from any source");
+  return source;
+}
 
 void PycommWork::settle(c10::ivalue::Future& future) const {
   if (error_) future.setError(error_);
@@ -144,6 +152,14 @@ ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& st
 }
 
 ProcessGroupPycomm::~ProcessGroupPycomm() { engine_.reset(); }
+
+PycommProcessGroup::PycommProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       const c10::intrusive_ptr<ProcessGroupPycomm>& backend,
+                                       const std::vector<c10::Device>& devices)
+    : ProcessGroup(store, rank, size) {
+  for (const c10::Device& d : devices) setBackend(d.type(), BackendType::CUSTOM, backend);
+  setDefaultBackend(BackendType::CUSTOM);
+}
 
 void ProcessGroupPycomm::setTimeout(std::chrono::milliseconds timeout) {
   engine_->submit([this, timeout] { comm_->set_timeout(timeout); });
@@ -238,6 +254,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
   if (!l.requests.empty()) work->choices = comm_->choices(l.requests.front());
+  for (Request& rq : l.requests)
+    if (rq.collective == Collective::Recv && rq.root == kAnySource) rq.source = &work->source;
   auto job = std::make_shared<Launch>(std::move(l));
   auto task = [this, work, job] {
     try {
@@ -389,16 +407,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& o
   return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l), !opts.asyncOp);
 }
 
+// torch's layout: outputs[r][i] receives rank r's inputs[i]. One all-gather of the
+// concatenated inputs; rank r's block of the result is split into outputs[r].
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                        std::vector<at::Tensor>& inputs,
                                                                        const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_coalesced: ", outputs.size(),
-                    " output lists for ", inputs.size(), " inputs");
-  Launch l;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    add_allgather_list(l, outputs[i], inputs[i], opts.timeout);
-    l.result.insert(l.result.end(), outputs[i].begin(), outputs[i].end());
+  TORCH_CHECK_VALUE(!inputs.empty(), "pycomm: allgather_coalesced: no input tensors");
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(getSize()), "pycomm: allgather_coalesced: expected ",
+                    getSize(), " output lists (one per rank), got ", outputs.size());
+  std::vector<at::Tensor> parts;  // rank-major: the order of the gathered buffer
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), "pycomm: allgather_coalesced: every output list must hold ",
+                      inputs.size(), " tensors (one per input), got ", list.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_same(list[i], inputs[0], "allgather_coalesced");
+      check_same(inputs[i], inputs[0], "allgather_coalesced");
+      TORCH_CHECK_VALUE(list[i].numel() == inputs[i].numel(), "pycomm: allgather_coalesced: output for input ", i,
+                        " has ", list[i].numel(), " elements, the input ", inputs[i].numel());
+      parts.push_back(list[i]);
+    }
   }
+  Launch l;
+  const at::Tensor in = l.in_concat(inputs);
+  Request rq = request(Collective::AllGather, in, opts.timeout);
+  rq.input = in.data_ptr();
+  rq.output = l.out_split(parts, in).data_ptr();
+  rq.count = in.numel();
+  l.requests.push_back(rq);
+  l.result = parts;
   return launch(c10d::OpType::ALLGATHER_COALESCED, "pycomm:all_gather_coalesced", std::move(l), !opts.asyncOp);
 }
 
@@ -565,7 +601,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::p2p(Collective c, std::vector
   l.requests.push_back(rq);
   l.result = tensors;
   return launch(sending ? c10d::OpType::SEND : c10d::OpType::RECV, sending ? "pycomm:send" : "pycomm:recv",
-                std::move(l), false, p2p_lane(peer, sending));
+                std::move(l), false, p2p_lane(peer, sending, getSize()));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
@@ -576,8 +612,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recv(std::vector<at::Tensor>&
   return p2p(Collective::Recv, tensors, src, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>&, int) {
-  C10_THROW_ERROR(ValueError, "pycomm: recv from any source is not supported; name the source rank");
+// The first rank to send with `tag` is received from; Work.source_rank() names it.
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return p2p(Collective::Recv, tensors, kAnySource, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::barrier(const c10d::BarrierOptions& opts) {

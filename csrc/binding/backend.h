@@ -10,6 +10,7 @@
 
 #include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -30,6 +31,9 @@ class PycommWork final : public c10d::Work {
   void complete(std::exception_ptr error);
   // What runs the work's (first) operation: set at launch, before the Work is returned.
   Communicator::Choices choices;
+  // A recv from any source: the rank it received from, written before complete().
+  int source = -1;
+  int sourceRank() const override;
 
  private:
   void settle(c10::ivalue::Future& future) const;  // marks it as this work ended
@@ -131,6 +135,18 @@ class ProcessGroupPycomm final : public c10d::Backend {
   std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes
+};
+
+// The group torch.distributed keeps for a group whose every device runs pycomm
+// (init_process_group("pycomm")): torch's ProcessGroup with `backend` for each of
+// `devices`, named "pycomm" where torch and DDP read a group's name
+// (ProcessGroup::getBackendName(), DDP's logging data); torch's own group object for a
+// plugin backend can only say "custom". Collectives dispatch as in any ProcessGroup.
+class PycommProcessGroup final : public c10d::ProcessGroup {
+ public:
+  PycommProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     const c10::intrusive_ptr<ProcessGroupPycomm>& backend, const std::vector<c10::Device>& devices);
+  const std::string getBackendName() const override { return "pycomm"; }
 };
 
 }  // namespace pycomm

@@ -52,6 +52,12 @@ PYBIND11_MODULE(_C, m) {
       .def("_dump_flight_recorder", &ProcessGroupPycomm::dump_flight_recorder, py::arg("path"),
            py::call_guard<py::gil_scoped_release>());
 
+  py::class_<pycomm::PycommProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<pycomm::PycommProcessGroup>>(
+      m, "PycommProcessGroup")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int, const c10::intrusive_ptr<ProcessGroupPycomm>&,
+                    const std::vector<c10::Device>&>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("backend"), py::arg("devices"));
+
   // The Work of every pycomm operation; pybind11 returns it as this subclass of torch's
   // Work, so torch.distributed's callers see a Work and pycomm's also what ran.
   py::class_<pycomm::PycommWork, c10d::Work, c10::intrusive_ptr<pycomm::PycommWork>>(m, "Work")

@@ -11,7 +11,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "device/device_runtime.h"
@@ -85,7 +87,7 @@ int cores_available() {
 Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
                            std::chrono::milliseconds timeout, Config config)
     : rank_(rank), size_(size), group_name_(std::move(group_name)), store_(&store), timeout_(timeout),
-      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0),
+      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0), receiving_(new std::mutex[size]),
       recorder_(config_.flight_recorder_entries) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
@@ -403,7 +405,9 @@ void Communicator::validate(Request& rq) const {
   }
   if (has_root(rq.collective) && (rq.root < 0 || rq.root >= size_))
     bad(std::string(name) + ": root " + std::to_string(rq.root) + " is not a rank of this group of " + std::to_string(size_));
-  if ((rq.collective == Collective::Send || rq.collective == Collective::Recv) &&
+  const bool any_source = rq.collective == Collective::Recv && rq.root == kAnySource;
+  if (any_source && size_ < 2) bad("recv from any source in a group of one rank: no rank could send");
+  if ((rq.collective == Collective::Send || rq.collective == Collective::Recv) && !any_source &&
       (rq.root < 0 || rq.root >= size_ || rq.root == rank_))
     bad(std::string(name) + ": peer " + std::to_string(rq.root) + " is not another rank of this group of " + std::to_string(size_));
   if (rq.collective == Collective::AllToAll &&
@@ -434,9 +438,12 @@ OpStamp Communicator::stamp_for(const Request& rq, const Selection& chosen) {
   if (rq.options.compression != Compression::None)
     while ((size_t{1} << s.compression_block) < rq.options.compression_block) ++s.compression_block;
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
-    // Numbered on the pair's own stream; each counter belongs to one p2p lane.
+    // Numbered on the pair's own stream: sends_to_[p] belongs to p's send lane,
+    // recvs_from_[p] to whoever holds receiving_[p]. A recv from any source is numbered
+    // once it knows its sender (receive_from_any).
     s.root = rq.tag;
-    s.seq = rq.collective == Collective::Send ? sends_to_[rq.root]++ : recvs_from_[rq.root]++;
+    if (rq.collective == Collective::Send) s.seq = sends_to_[rq.root]++;
+    else if (rq.root != kAnySource) s.seq = recvs_from_[rq.root]++;
   } else {
     s.seq = ++collective_seq_;
   }
@@ -498,7 +505,58 @@ std::string Communicator::dump_flight_recorder(const std::string& reason, const 
   return file;
 }
 
+int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held) {
+  // No channel offers a wait on several peers at once (a futex per shm ring, a condition
+  // per TCP transport), so this polls, sleeping between rounds from 20 us up to 1 ms: a
+  // waiting receiver costs no core, whatever the ranks per core. A peer whose receive
+  // side is busy (a recv named for it is running) is skipped: that recv takes its frames.
+  // A peer that can send no more (it left, failed or aborted) is skipped too: the recv
+  // fails with the first such failure only once no peer is left that could send.
+  std::vector<char> gone(size_, 0);
+  int left = size_ - 1;
+  std::optional<Error> first_failure;
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || gone[p]) continue;
+      std::unique_lock<std::mutex> lock(receiving_[p], std::try_to_lock);
+      if (!lock) continue;
+      std::optional<FrameHeader> next;
+      try {
+        next = channels_[p]->peek_recv();
+      } catch (const Error& e) {
+        gone[p] = 1;
+        if (!first_failure) first_failure = e;
+        if (--left == 0) throw *first_failure;
+        continue;
+      }
+      if (next && next->op.collective == static_cast<uint8_t>(Collective::Send) && next->op.root == tag) {
+        held = std::move(lock);
+        return p;
+      }
+    }
+    if (cx.deadline.expired())
+      fail(ErrorKind::Timeout, "timed out waiting for a send with tag " + std::to_string(tag) + " from any rank");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+void Communicator::receive_from_any(Context& cx, const Request& rq) {
+  std::unique_lock<std::mutex> held;
+  Request matched = rq;
+  matched.root = await_sender(cx, rq.tag, held);
+  cx.stamp.seq = recvs_from_[matched.root]++;
+  p2p_recv(cx, matched);
+  if (rq.source) *rq.source = matched.root;
+}
+
 void Communicator::execute(const Request& rq) {
+  // A recv named for a peer owns that peer's receive side for its whole run (see
+  // await_sender); taken before the stamp numbers it.
+  std::unique_lock<std::mutex> receiving;
+  if (rq.collective == Collective::Recv && rq.root != kAnySource)
+    receiving = std::unique_lock<std::mutex>(receiving_[rq.root]);
   Context cx = context();
   const Selection chosen = selects_algorithm(rq.collective) ? select(rq) : Selection{Algorithm::Auto, {}};
   cx.stamp = stamp_for(rq, chosen);
@@ -558,7 +616,10 @@ void Communicator::execute(const Request& rq) {
       case Collective::Scatter: direct_scatter(cx, rq); break;
       case Collective::AllToAll: pairwise_alltoall(cx, rq); break;
       case Collective::Send: p2p_send(cx, rq); break;
-      case Collective::Recv: p2p_recv(cx, rq); break;
+      case Collective::Recv:
+        if (rq.root == kAnySource) receive_from_any(cx, rq);
+        else p2p_recv(cx, rq);
+        break;
       case Collective::Barrier: dissemination_barrier(cx, rq); break;
     }
     // Inside the try: a fault raised here fails this operation like any other failure.

@@ -1,7 +1,8 @@
 // A communicator: one group's ranks, their channels, and the execution of operations with
 // sticky errors. Callers (the group's engine) run collectives one at a time, with no p2p
 // in flight; p2p operations of different (peer, direction) lanes may run concurrently,
-// since they touch disjoint channel directions and counters. abort() is thread-safe.
+// since they touch disjoint channel directions and counters, and so may a recv from any
+// source, which locks the receive side it takes frames from. abort() is thread-safe.
 #pragma once
 
 #include <atomic>
@@ -78,6 +79,11 @@ class Communicator {
   void calibrate(Store& store, const std::string& prefix);
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Selection& chosen);
+  // A recv from kAnySource: waits for the first peer whose next frame is a send with the
+  // recv's tag, returns it with `held` locking its receive side; Timeout at the deadline,
+  // a peer's failure once every peer has failed or left.
+  int await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held);
+  void receive_from_any(Context& cx, const Request& rq);
   // The stamp's operation as a log line: "group 'g': allreduce #3 (...)".
   std::string operation_line(const OpStamp& stamp) const;
 
@@ -104,6 +110,9 @@ class Communicator {
   size_t chunk_bytes_ = 0;
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
+  // Held by a recv while it takes frames from that peer: a recv named for the peer (its
+  // lane) and a recv from any source (its own lane) may both want them.
+  std::unique_ptr<std::mutex[]> receiving_;
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
   std::unique_ptr<FaultInjector> fault_;         // PYCOMM_FAULT for this rank; null when none
   std::unique_ptr<FrameTrace> frame_trace_;      // PYCOMM_DEBUG=TRACE; null otherwise

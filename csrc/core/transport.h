@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,11 @@ class Channel {
   virtual const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) = 0;
   // Returns the slot from begin_recv() to the sender.
   virtual void end_recv() = 0;
+  // The header of the next inbound frame if it has arrived, without consuming it; never
+  // waits. Throws as a waiting begin_recv() would once no frame can arrive any more (the
+  // transport or the peer aborted, the connection failed, the peer exited). For a receive
+  // from any source, which looks at every channel in turn.
+  virtual std::optional<FrameHeader> peek_recv() = 0;
   // The host memory that holds this channel's slot payloads, for a device to page-lock so
   // that its copies to and from the slots are direct DMA (see make_staged_channel); each
   // range starts a page and shares no page with other data; it lives as long as the channel. Empty: nothing to offer.

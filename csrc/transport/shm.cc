@@ -216,6 +216,8 @@ class ShmChannel final : public Channel {
     if (in_->sender_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&in_->head);
   }
 
+  std::optional<FrameHeader> peek_recv() override;
+
   void wake_all() {
     futex_wake_all(&out_->tail);
     futex_wake_all(&in_->head);
@@ -429,6 +431,20 @@ void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sl
     if (ready()) break;
   }
   sleeping.store(0, std::memory_order_relaxed);
+}
+
+std::optional<FrameHeader> ShmChannel::peek_recv() {
+  transport_->check_open();
+  const auto arrived = [&] { return in_->tail.load(std::memory_order_acquire) != received_; };
+  if (!arrived()) {
+    transport_->check_aborted(*theirs_, peer_);
+    // Frames a peer published before it exited are still delivered.
+    if (watch_.exited() && !arrived()) fail(ErrorKind::PeerFailure, peer_.describe() + " exited");
+    if (!arrived()) return std::nullopt;
+  }
+  FrameHeader got;
+  std::memcpy(&got, layout_.slot(theirs_->base, in_ring_, received_), sizeof got);
+  return got;
 }
 
 void ShmChannel::check_alive(const Deadline& deadline, const char* what) {

@@ -44,6 +44,7 @@ class StagedChannel final : public Channel {
     return recv_slot_.get();
   }
   void end_recv() override {}
+  std::optional<FrameHeader> peek_recv() override { return host_.peek_recv(); }
 
  private:
   Channel& host_;

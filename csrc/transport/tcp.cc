@@ -585,6 +585,7 @@ class TcpChannel final : public Channel {
   void end_send(const FrameHeader& header) override;
   const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override;
   void end_recv() override;
+  std::optional<FrameHeader> peek_recv() override;
   std::vector<Memory> slot_memory() const override {
     return {{out_mem_.get(), chunk_ * depth_}, {in_mem_.get(), chunk_ * depth_}};
   }
@@ -809,6 +810,13 @@ const void* TcpChannel::begin_recv(const FrameHeader& expect, const Deadline& de
   }
   check_frame(got, expect, peer_);
   return slot;
+}
+
+std::optional<FrameHeader> TcpChannel::peek_recv() {
+  std::lock_guard<std::mutex> lk(t_->mu_);
+  if (!t_->aborted_ && filled_ != released_) return in_hdr_[released_ % depth_];
+  throw_if_failed(false);
+  return std::nullopt;
 }
 
 void TcpChannel::end_recv() {

@@ -1,0 +1,159 @@
+"""One run of PyTorch's own distributed suite for one backend at one world size.
+
+    BACKEND=pycomm WORLD_SIZE=2 python bench/conformance_suite.py --json out.json [-k PATTERN]
+
+The suite is `DistributedTest._DistTestBase` from the installed torch wheel
+(torch/testing/_internal/distributed/distributed_test.py), combined with `TestDistBackend`
+as PyTorch's test/distributed/test_distributed_spawn.py does: every test spawns WORLD_SIZE
+processes that join a group of BACKEND through a file store. `bench/conformance.py` runs
+this for each backend and world size and compares.
+
+A plugin backend is declared in `DistTestCases.backend_feature` ("plugin", "ddp",
+"subgroup"), as the suite expects of one. Tests whose decorators admit only Gloo by name
+(`BACKEND != "gloo"`, `require_backend_is_available({"gloo"})`) are admitted for pycomm too,
+by rewriting those decorator conditions (never a test body) as the suite module is loaded,
+except LEFT_GATED: tests whose subject is a Gloo-only torch API.
+
+Ranks are spawned processes that re-execute this file as `__mp_main__`: everything the
+suite needs is defined at import; only the driver below is under `__main__`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import unittest
+
+SUITE_MODULE = "torch.testing._internal.distributed.distributed_test"
+BACKEND = os.environ.get("BACKEND", "")
+GLOO_LIKE = ("gloo", "pycomm")
+
+# Tests whose Gloo gate stays: `dist.monitored_barrier` raises "monitored_barrier is only
+# implemented for GLOO backend" for every other backend (torch checks the group's backend
+# name in Python before any backend is called).
+LEFT_GATED = re.compile(r"test_monitored_barrier")
+
+if BACKEND == "pycomm":
+    import pycomm  # noqa: F401  (registers the backend, in the driver and in every rank)
+
+
+def _lift_gloo_gates(source: str) -> str:
+    """The suite's source with every decorator condition that admits Gloo by name
+    admitting pycomm too, except on the tests LEFT_GATED names."""
+    lines = source.splitlines(keepends=True)
+    out = []
+    pending: list[int] = []  # indices in `out` of gate conditions since the last def
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith("def "):
+            name = stripped[4:].split("(", 1)[0]
+            if not LEFT_GATED.match(name):
+                for i in pending:
+                    out[i] = (out[i]
+                              .replace('BACKEND != "gloo"', f"BACKEND not in {GLOO_LIKE!r}")
+                              .replace('require_backend_is_available({"gloo"})',
+                                       f"require_backend_is_available({set(GLOO_LIKE)!r})"))
+            pending = []
+        elif stripped.startswith("@") or stripped.startswith("BACKEND"):
+            if 'BACKEND != "gloo"' in line or 'require_backend_is_available({"gloo"})' in line:
+                pending.append(len(out))
+        out.append(line)
+    return "".join(out)
+
+
+def _load_suite():
+    from torch.testing._internal.common_distributed import DistTestCases
+
+    if BACKEND not in ("gloo", "nccl", "ucc", "mpi"):
+        for feature in ("plugin", "ddp", "subgroup"):
+            DistTestCases.backend_feature[feature].add(BACKEND)
+    spec = importlib.util.find_spec(SUITE_MODULE)
+    with open(spec.origin) as f:
+        source = f.read()
+    if BACKEND == "pycomm":
+        source = _lift_gloo_gates(source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SUITE_MODULE] = module
+    exec(compile(source, spec.origin, "exec"), module.__dict__)
+    return module
+
+
+if BACKEND:
+    os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="pycomm-conformance-"))
+    _suite = _load_suite()
+
+    class TestDistBackendWithSpawn(_suite.TestDistBackend, _suite.DistributedTest._DistTestBase):
+        def setUp(self):
+            super().setUp()
+            self._spawn_processes()
+
+
+class _Recorder(unittest.TextTestResult):
+    """Each test's outcome ("passed", "failed", "skipped") with its reason and duration."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes: dict[str, dict] = {}
+        self._started = 0.0
+
+    def startTest(self, test):
+        self._started = time.monotonic()
+        super().startTest(test)
+
+    def _record(self, test, outcome, reason=""):
+        self.outcomes[test.id().rsplit(".", 1)[-1]] = {
+            "outcome": outcome, "reason": reason.strip().splitlines()[-1][:300] if reason else "",
+            "seconds": round(time.monotonic() - self._started, 2)}
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._record(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._record(test, "failed", self._exc_info_to_string(err, test))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._record(test, "failed", self._exc_info_to_string(err, test))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._record(test, "skipped", reason)
+
+    def addExpectedFailure(self, test, err):
+        super().addExpectedFailure(test, err)
+        self._record(test, "passed", "expected failure")
+
+    def addUnexpectedSuccess(self, test):
+        super().addUnexpectedSuccess(test)
+        self._record(test, "failed", "unexpected success")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="where to write each test's outcome")
+    parser.add_argument("-k", dest="pattern", default="", help="only tests whose name matches this regex")
+    args = parser.parse_args()
+    if not BACKEND or "WORLD_SIZE" not in os.environ:
+        parser.error("set BACKEND and WORLD_SIZE")
+    loader = unittest.TestLoader()
+    suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
+    if args.pattern:
+        pattern = re.compile(args.pattern)
+        suite = unittest.TestSuite(t for t in suite if pattern.search(t.id().rsplit(".", 1)[-1]))
+    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=1, stream=sys.stderr)
+    result = runner.run(suite)
+    with open(args.json, "w") as f:
+        json.dump({"backend": BACKEND, "world_size": int(os.environ["WORLD_SIZE"]),
+                   "tests": result.outcomes}, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
