@@ -109,3 +109,161 @@ def test_recv_from_any_source_fails_when_a_sender_dies(transport):
     seconds, message = results[0]
     assert seconds < 10, (seconds, message)
     assert "rank 1" in message, message
+
+
+# --------------------------------------------------------------------------------------
+# sparse all-reduce
+# --------------------------------------------------------------------------------------
+
+def _sparse_input(rank, ws, dtype, case):
+    """Rank-dependent COO tensors: overlapping and disjoint indices, duplicates within a
+    rank (uncoalesced), an empty rank, dense dimensions, values that round differently
+    by summation order."""
+    g = torch.Generator().manual_seed(100 * case + rank)
+    if case == 0:  # 1-D, overlapping, uncoalesced
+        idx = torch.randint(0, 50, (1, 30), generator=g)
+        shape = (50,)
+    elif case == 1:  # 2-D sparse dims, 3 dense
+        idx = torch.stack([torch.randint(0, 7, (20,), generator=g), torch.randint(0, 5, (20,), generator=g)])
+        shape = (7, 5, 3)
+    elif case == 2:  # rank 1 contributes nothing
+        n = 0 if rank == 1 else 12
+        idx = torch.randint(0, 1000, (1, n), generator=g)
+        shape = (1000, 2)
+    else:  # disjoint per rank
+        idx = (torch.arange(8) * ws + rank).unsqueeze(0)
+        shape = (8 * ws,)
+    vshape = (idx.shape[1],) + tuple(shape[idx.shape[0]:])
+    if dtype.is_floating_point:
+        values = (torch.randn(vshape, generator=g, dtype=torch.float64) * 10 ** rank).to(dtype)
+    else:
+        values = torch.randint(-100, 100, vshape, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(idx, values, shape)
+
+
+def _fsum_per_entry(contributions):
+    """Values of the coalesced sum of sparse `contributions`, each entry math.fsum's
+    correctly rounded sum of its terms, as float64."""
+    import math
+
+    terms = {}
+    for t in contributions:
+        t = t.coalesce()
+        for i, key in enumerate(map(tuple, t.indices().t().tolist())):
+            terms.setdefault(key, []).append(t.values()[i].double())
+    rows = []
+    for key in sorted(terms):
+        stacked = torch.stack(terms[key]).reshape(len(terms[key]), -1)
+        rows.append(torch.tensor([math.fsum(col) for col in stacked.t().tolist()],
+                                 dtype=torch.float64).reshape(terms[key][0].shape))
+    return torch.stack(rows)
+
+
+def sparse_world(rank, ws, determinism):
+    """Each case through pycomm's group and through a Gloo group in the same processes."""
+    gloo = dist.new_group(backend="gloo")
+    checked = 0
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for case in range(4):
+            mine = _sparse_input(rank, ws, dtype, case)
+            ours, theirs = mine.clone(), mine.clone()
+            dist.all_reduce(ours)
+            dist.all_reduce(theirs, group=gloo)
+            assert ours.is_coalesced() and ours.dtype == dtype and ours.shape == mine.shape
+            theirs = theirs.coalesce()
+            assert torch.equal(ours.indices(), theirs.indices()), (dtype, case)
+            if determinism == "exact" and dtype.is_floating_point:
+                # Exact mode rounds the exact sum once: math.fsum's correctly rounded sum.
+                expected = _fsum_per_entry([_sparse_input(r, ws, dtype, case) for r in range(ws)])
+                assert torch.equal(ours.values(), expected.to(dtype)), (dtype, case)
+            else:
+                assert torch.equal(ours.values(), theirs.values()), (dtype, case)
+            checked += 1
+    # The same bits on every rank.
+    flat = torch.cat([ours.indices().flatten().double(), ours.values().flatten().double()])
+    gathered = [torch.empty_like(flat) for _ in range(ws)]
+    dist.all_gather(gathered, flat, group=gloo)
+    assert all(torch.equal(x, flat) for x in gathered)
+    return checked
+
+
+@pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
+@pytest.mark.parametrize("ws", [2, 3])
+@pytest.mark.parametrize("determinism", ["0", "exact"])
+def test_sparse_all_reduce_equals_gloo(ws, determinism):
+    results = run_world(sparse_world, ws, args=(determinism,), env={"PYCOMM_DETERMINISTIC": determinism},
+                        timeout=120)
+    assert results == [12] * ws
+
+
+def sparse_ddp_world(rank, ws, steps):
+    """An nn.Embedding(sparse=True) trained by DDP on pycomm and, in the same processes from
+    the same start, on a Gloo group: the same parameters after every step. (Its only
+    gradient is sparse: dense all-reduces of 3 ranks add in another order than Gloo's ring.)"""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    gloo = dist.new_group(backend="gloo")
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Embedding(100, 8, sparse=True)
+
+    ours, theirs = DDP(model()), DDP(model(), process_group=gloo)
+    optims = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, theirs)]
+    g = torch.Generator().manual_seed(rank)
+    for step in range(steps):
+        ids = torch.randint(0, 100, (16,), generator=g)
+        target = torch.randn(16, 1, generator=g)
+        for m, opt in zip((ours, theirs), optims):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(ids).sum(1, keepdim=True), target).backward()
+            opt.step()
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(a, b), (step, (a - b).abs().max())
+    assert ours.module.weight.grad.is_sparse
+    return steps
+
+
+@pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
+def test_ddp_sparse_embedding_trains_as_on_gloo():
+    assert run_world(sparse_ddp_world, 3, args=(10,), timeout=120) == [10] * 3
+
+
+# --------------------------------------------------------------------------------------
+# all_gather_coalesced, the backend's name
+# --------------------------------------------------------------------------------------
+
+def all_gather_coalesced_world(rank, ws):
+    """torch's layout: outputs[r][i] is rank r's inputs[i]; mixed shapes, an empty input."""
+    shapes = [(3,), (2, 4), (0,), (1, 1, 5)]
+    inputs = [torch.full(s, float(10 * rank + i)) for i, s in enumerate(shapes)]
+    outputs = [[torch.empty(s) for s in shapes] for _ in range(ws)]
+    dist.all_gather_coalesced(outputs, inputs)
+    for r in range(ws):
+        for i, s in enumerate(shapes):
+            assert outputs[r][i].shape == s
+            assert torch.equal(outputs[r][i], torch.full(s, float(10 * r + i))), (r, i)
+    bad = [[torch.empty(s) for s in shapes]]  # one list, not one per rank
+    with pytest.raises(ValueError, match="output lists"):
+        dist.all_gather_coalesced(bad, inputs)
+    return True
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_all_gather_coalesced_layout(ws):
+    assert run_world(all_gather_coalesced_world, ws, timeout=90) == [True] * ws
+
+
+def backend_name_world(rank, ws):
+    """The name torch and DDP report for the group and a subgroup."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sub = dist.new_group([0, 1])
+    ddp = DDP(torch.nn.Linear(2, 2))
+    return (dist.group.WORLD.name(), sub.name(), dist.get_backend(sub),
+            ddp._get_ddp_logging_data().get("backend_name"))
+
+
+@pytest.mark.skipif(is_gloo(), reason="pycomm's name")
+def test_backend_name_where_torch_and_ddp_read_it():
+    assert run_world(backend_name_world, 2, timeout=90) == [("pycomm",) * 4] * 2

@@ -5,6 +5,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "binding/codecs.h"
 #include "binding/store_adapter.h"
 #include "binding/tables.h"
 #include "device/device_runtime.h"
@@ -347,10 +348,104 @@ void ProcessGroupPycomm::add_allgather_list(Launch& l, const std::vector<at::Ten
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
+    return sparse_allreduce(tensors[0], opts);
   Launch l;
   add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), !opts.asyncOp);
+}
+
+at::Tensor ProcessGroupPycomm::gather_host(const at::Tensor& mine, std::chrono::milliseconds timeout) {
+  const at::Tensor in = mine.contiguous();
+  at::Tensor out = at::empty({getSize(), in.numel()}, in.options());
+  Request rq = request(Collective::AllGather, in, timeout);
+  rq.options.compression = Compression::None;  // indices and values travel exactly
+  rq.input = in.data_ptr();
+  rq.output = out.data_ptr();
+  rq.count = in.numel();
+  comm_->validate(rq);
+  comm_->execute(rq);
+  return out;
+}
+
+// Every rank's coalesced indices and values are gathered, padded to the largest count of
+// entries, and each index present on any rank is folded over the ranks in rank order by
+// the dense all-reduce's own fold (reduce_tensors: 16-bit values accumulate in fp32; the
+// exact sum in exact mode), a rank without the index contributing -0.0, the sum's
+// identity. Every rank computes the same fold of the same data: identical bits on every
+// rank in every mode, the exact mode's independent of the ranks' order and number too.
+at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOptions& options,
+                                          std::chrono::milliseconds timeout) {
+  const at::Tensor local = input.coalesce().cpu();
+  const int64_t sparse_dim = local.sparse_dim(), nnz = local._nnz(), n = getSize();
+  std::vector<int64_t> shape = {sparse_dim, local.dense_dim()};
+  shape.insert(shape.end(), local.sizes().begin(), local.sizes().end());
+  std::vector<int64_t> meta = {nnz};
+  meta.insert(meta.end(), shape.begin(), shape.end());
+  // The ranks' counts of entries and shapes; a rank whose tensor has another number of
+  // dimensions gathers another count, which the operation's stamp reports as a mismatch.
+  const at::Tensor metas = gather_host(at::tensor(meta, at::kLong), timeout);
+  for (int64_t r = 0; r < n; ++r)
+    TORCH_CHECK_VALUE(at::equal(metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())), metas[0].narrow(0, 1, static_cast<int64_t>(shape.size()))),
+                      "pycomm: sparse all-reduce: rank ", r, " has a tensor of sparse/dense dims and sizes ",
+                      metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())), ", rank 0 ",
+                      metas[0].narrow(0, 1, static_cast<int64_t>(shape.size())));
+  const at::Tensor counts = metas.select(1, 0);
+  const int64_t most = counts.max().item<int64_t>();
+  std::vector<int64_t> padded_values_shape = local._values().sizes().vec();
+  padded_values_shape[0] = most;
+  at::Tensor indices = at::zeros({sparse_dim, most}, at::kLong);
+  at::Tensor values = at::zeros(padded_values_shape, local._values().options());
+  indices.narrow(1, 0, nnz).copy_(local._indices());
+  values.narrow(0, 0, nnz).copy_(local._values());
+  const at::Tensor all_indices = gather_host(indices, timeout).view({n, sparse_dim, most});
+  std::vector<int64_t> all_values_shape = padded_values_shape;
+  all_values_shape.insert(all_values_shape.begin(), n);
+  const at::Tensor all_values = gather_host(values, timeout).view(all_values_shape);
+
+  // The union of the ranks' indices, sorted, and where each rank's entries fall in it.
+  at::Tensor strides = at::ones({sparse_dim, 1}, at::kLong);
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * local.size(d + 1);
+  std::vector<at::Tensor> linear;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t count = counts[r].item<int64_t>();
+    linear.push_back((all_indices[r].narrow(1, 0, count) * strides).sum(0));
+  }
+  const auto [unique, position, ignored] = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
+  std::vector<int64_t> term_shape = padded_values_shape;
+  term_shape[0] = unique.numel();
+  const bool floating = at::isFloatingType(local.scalar_type());
+  std::vector<at::Tensor> terms;
+  int64_t offset = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t count = counts[r].item<int64_t>();
+    terms.push_back(at::full(term_shape, floating ? -0.0 : 0.0, local._values().options()));
+    terms.back().index_copy_(0, position.narrow(0, offset, count), all_values[r].narrow(0, 0, count));
+    offset += count;
+  }
+  const at::Tensor sum = reduce_tensors(terms, c10d::ReduceOp::SUM, n, options.determinism == Determinism::Exact,
+                                        std::nullopt).view(term_shape);
+  const at::Tensor unique_indices = (unique.unsqueeze(0).div(strides, "floor") % at::tensor(std::vector<int64_t>(local.sizes().begin(), local.sizes().begin() + sparse_dim)).unsqueeze(1));
+  return at::_sparse_coo_tensor_unsafe(unique_indices, sum, local.sizes(), local.options())
+      ._coalesced_(true)
+      .to(input.device());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
+                    "pycomm: all-reduce of sparse tensors only works with ReduceOp.SUM");
+  TORCH_CHECK_VALUE(tensor.layout() == at::kSparse, "pycomm: sparse all-reduce takes a sparse COO tensor, got layout ",
+                    tensor.layout());
+  to_core(tensor.scalar_type());
+  TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: allreduce on a group that was shut down");
+  const CallOptions options = comm_->config().options_for(Collective::AllReduce);
+  const std::chrono::milliseconds timeout = op_timeout(opts.timeout);
+  Launch l;
+  l.result = {tensor};
+  // Its steps depend on what the first gathers: they run as one task, in issue order.
+  l.after.push_back([this, tensor, options, timeout]() mutable { tensor.copy_(sparse_sum(tensor, options, timeout)); });
+  return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce_sparse", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
