@@ -627,6 +627,8 @@ void Communicator::execute(const Request& rq) {
   } catch (const Error& e) {
     std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ + "' failed on rank " +
                        std::to_string(rank_) + ": " + e.what();
+    if (e.kind() == ErrorKind::Timeout)
+      what += " within its timeout of " + std::to_string((rq.timeout.count() > 0 ? rq.timeout : timeout_).count()) + " ms";
     recorder_.end(record, what);
     if (abort(what) && config_.flight_recorder_entries) {
       // The failure that poisoned the group: its story is in the flight recorder.
