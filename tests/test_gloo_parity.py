@@ -126,8 +126,8 @@ def _sparse_input(rank, ws, dtype, case):
     elif case == 1:  # 2-D sparse dims, 3 dense
         idx = torch.stack([torch.randint(0, 7, (20,), generator=g), torch.randint(0, 5, (20,), generator=g)])
         shape = (7, 5, 3)
-    elif case == 2:  # rank 1 contributes nothing
-        n = 0 if rank == 1 else 12
+    elif case in (2, 4):  # rank 1 contributes nothing; nobody does
+        n = 0 if rank == 1 or case == 4 else 12
         idx = torch.randint(0, 1000, (1, n), generator=g)
         shape = (1000, 2)
     else:  # disjoint per rank
@@ -151,12 +151,13 @@ def _fsum_per_entry(contributions):
         t = t.coalesce()
         for i, key in enumerate(map(tuple, t.indices().t().tolist())):
             terms.setdefault(key, []).append(t.values()[i].double())
+    dense_shape = contributions[0].shape[contributions[0].sparse_dim():]
     rows = []
     for key in sorted(terms):
         stacked = torch.stack(terms[key]).reshape(len(terms[key]), -1)
         rows.append(torch.tensor([math.fsum(col) for col in stacked.t().tolist()],
-                                 dtype=torch.float64).reshape(terms[key][0].shape))
-    return torch.stack(rows)
+                                 dtype=torch.float64).reshape(dense_shape))
+    return torch.stack(rows) if rows else torch.empty((0,) + tuple(dense_shape), dtype=torch.float64)
 
 
 def sparse_world(rank, ws, determinism):
@@ -164,7 +165,7 @@ def sparse_world(rank, ws, determinism):
     gloo = dist.new_group(backend="gloo")
     checked = 0
     for dtype in (torch.float32, torch.float64, torch.int64):
-        for case in range(4):
+        for case in range(5):
             mine = _sparse_input(rank, ws, dtype, case)
             ours, theirs = mine.clone(), mine.clone()
             dist.all_reduce(ours)
@@ -193,7 +194,7 @@ def sparse_world(rank, ws, determinism):
 def test_sparse_all_reduce_equals_gloo(ws, determinism):
     results = run_world(sparse_world, ws, args=(determinism,), env={"PYCOMM_DETERMINISTIC": determinism},
                         timeout=120)
-    assert results == [12] * ws
+    assert results == [15] * ws
 
 
 def sparse_ddp_world(rank, ws, steps):
