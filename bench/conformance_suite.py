@@ -79,7 +79,9 @@ def _load_suite():
         source = _lift_gloo_gates(source)
     module = importlib.util.module_from_spec(spec)
     sys.modules[SUITE_MODULE] = module
-    exec(compile(source, spec.origin, "exec"), module.__dict__)
+    # dont_inherit: this file's `from __future__ import annotations` must not turn the
+    # suite's annotations into strings (DDP checks a comm hook's annotation's type).
+    exec(compile(source, spec.origin, "exec", dont_inherit=True), module.__dict__)
     return module
 
 
