@@ -2,6 +2,7 @@
 // every collective of the Communicator, with threads of one process playing the ranks
 // over the real shared-memory and TCP transports. Exit status 0 when every check passed.
 // Built and run by `make test` (target core-test).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -144,6 +145,28 @@ static void test_collectives(int n, TransportChoice transport) {
       v.count = count;
       if (r % 2 == 0) { run(s); run(v); } else { run(v); run(s); }
       for (size_t i = 0; i < count; ++i) CHECK(out[i] == value((r + n - 1) % n, i), "send/recv");
+
+      // Rank 0 receives every other rank's message (several frames) from any source.
+      if (r == 0) {
+        std::vector<int> seen;
+        for (int k = 1; k < n; ++k) {
+          int source = -1;
+          Request any = v;
+          any.root = kAnySource;
+          any.tag = 9;
+          any.source = &source;
+          run(any);
+          CHECK(source > 0 && source < n, "recv from any source: sender %d", source);
+          for (size_t i = 0; i < count; ++i) CHECK(out[i] == value(source, i), "recv from any source [%zu]", i);
+          seen.push_back(source);
+        }
+        std::sort(seen.begin(), seen.end());
+        for (int k = 1; k < n; ++k) CHECK(seen[k - 1] == k, "recv from any source: every sender once");
+      } else {
+        s.root = 0;
+        s.tag = 9;
+        run(s);
+      }
     }
     Request bar;
     bar.collective = Collective::Barrier;
