@@ -9,7 +9,8 @@ processes that join a group of BACKEND through a file store. `bench/conformance.
 this for each backend and world size and compares.
 
 A plugin backend is declared in `DistTestCases.backend_feature` ("plugin", "ddp",
-"subgroup"), as the suite expects of one. Tests whose decorators admit only Gloo by name
+"subgroup", and "gpu" and "cuda": pycomm serves CUDA tensors in a CUDA build, as Gloo does),
+as the suite expects of one. Tests whose decorators admit only Gloo by name
 (`BACKEND != "gloo"`, `require_backend_is_available({"gloo"})`) are admitted for pycomm too,
 by rewriting those conditions as the suite module is loaded, except LEFT_GATED: tests whose
 subject is a Gloo-only torch API. So is the one helper body that picks its CPU set-up by
@@ -73,7 +74,8 @@ def _load_suite():
     from torch.testing._internal.common_distributed import DistTestCases
 
     if BACKEND not in ("gloo", "nccl", "ucc", "mpi"):
-        for feature in ("plugin", "ddp", "subgroup"):
+        # pycomm serves CUDA tensors too (in a CUDA build), as Gloo: "gpu" and "cuda".
+        for feature in ("plugin", "ddp", "subgroup", "gpu", "cuda"):
             DistTestCases.backend_feature[feature].add(BACKEND)
     spec = importlib.util.find_spec(SUITE_MODULE)
     with open(spec.origin) as f:

@@ -386,11 +386,10 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   // The ranks' counts of entries and shapes; a rank whose tensor has another number of
   // dimensions gathers another count, which the operation's stamp reports as a mismatch.
   const at::Tensor metas = gather_host(at::tensor(meta, at::kLong), timeout);
-  for (int64_t r = 0; r < n; ++r)
-    TORCH_CHECK_VALUE(at::equal(metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())), metas[0].narrow(0, 1, static_cast<int64_t>(shape.size()))),
-                      "pycomm: sparse all-reduce: rank ", r, " has a tensor of sparse/dense dims and sizes ",
-                      metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())), ", rank 0 ",
-                      metas[0].narrow(0, 1, static_cast<int64_t>(shape.size())));
+  const auto shape_of = [&](int64_t r) { return metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())); };
+  for (int64_t r = 1; r < n; ++r)
+    TORCH_CHECK_VALUE(at::equal(shape_of(r), shape_of(0)), "pycomm: sparse all-reduce: rank ", r,
+                      " has a tensor of (sparse dims, dense dims, sizes) ", shape_of(r), ", rank 0 ", shape_of(0));
   const at::Tensor counts = metas.select(1, 0);
   const int64_t most = counts.max().item<int64_t>();
   std::vector<int64_t> padded_values_shape = local._values().sizes().vec();
