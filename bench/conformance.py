@@ -85,7 +85,8 @@ def report(runs: dict, world_sizes: list[int], torch_version: str) -> tuple[str,
         others = [g for g in gaps if g not in EXPECTED_GAPS]
         unexpected += len(others)
         lines.append(f"Passed on Gloo and not on pycomm: {len(others)}"
-                     + (f" (and {len(expected)} left to Gloo, below)" if expected else "") + ".")
+                     + (f" (and {len(expected)} left to Gloo, below: {', '.join(expected)})" if expected else "")
+                     + ".")
         lines.append("")
         if others:
             lines += ["| test | pycomm | reason |", "|---|---|---|"]
@@ -111,13 +112,21 @@ def main() -> int:
     parser.add_argument("-k", dest="pattern", default="", help="only tests whose name matches this regex")
     parser.add_argument("--jobs", type=int, default=1, help="suite runs at once")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds for one suite run")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report from the results already in --work-dir")
     args = parser.parse_args()
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     os.makedirs(args.work_dir, exist_ok=True)
     combos = [(b, ws) for ws in world_sizes for b in ("gloo", "pycomm")]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {c: pool.submit(run_suite, c[0], c[1], args.work_dir, args.pattern, args.timeout) for c in combos}
-        runs = {c: f.result() for c, f in futures.items()}
+    if args.report_only:
+        runs = {}
+        for backend, ws in combos:
+            with open(os.path.join(args.work_dir, f"{backend}-np{ws}.json")) as f:
+                runs[(backend, ws)] = json.load(f)
+    else:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {c: pool.submit(run_suite, c[0], c[1], args.work_dir, args.pattern, args.timeout) for c in combos}
+            runs = {c: f.result() for c, f in futures.items()}
     import torch
 
     text, unexpected = report(runs, world_sizes, torch.__version__)
