@@ -403,15 +403,18 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   all_values_shape.insert(all_values_shape.begin(), n);
   const at::Tensor all_values = gather_host(values, timeout).view(all_values_shape);
 
-  // The union of the ranks' indices, sorted, and where each rank's entries fall in it.
+  // The union of the ranks' indices, sorted, and where each rank's entries fall in it:
+  // an index is its row-major position within the sparse dimensions.
+  const at::Tensor sparse_sizes = at::tensor(local.sizes().slice(0, sparse_dim).vec(), at::kLong).unsqueeze(1);
   at::Tensor strides = at::ones({sparse_dim, 1}, at::kLong);
-  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * local.size(d + 1);
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * sparse_sizes[d + 1];
   std::vector<at::Tensor> linear;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t count = counts[r].item<int64_t>();
     linear.push_back((all_indices[r].narrow(1, 0, count) * strides).sum(0));
   }
-  const auto [unique, position, ignored] = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
+  at::Tensor unique, position;
+  std::tie(unique, position, std::ignore) = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
   std::vector<int64_t> term_shape = padded_values_shape;
   term_shape[0] = unique.numel();
   const bool floating = at::isFloatingType(local.scalar_type());
@@ -425,7 +428,7 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   }
   const at::Tensor sum = reduce_tensors(terms, c10d::ReduceOp::SUM, n, options.determinism == Determinism::Exact,
                                         std::nullopt).view(term_shape);
-  const at::Tensor unique_indices = (unique.unsqueeze(0).div(strides, "floor") % at::tensor(std::vector<int64_t>(local.sizes().begin(), local.sizes().begin() + sparse_dim)).unsqueeze(1));
+  const at::Tensor unique_indices = unique.unsqueeze(0).div(strides, "floor") % sparse_sizes;
   return at::_sparse_coo_tensor_unsafe(unique_indices, sum, local.sizes(), local.options())
       ._coalesced_(true)
       .to(input.device());
