@@ -1,5 +1,7 @@
 #include "binding/backend.h"
 
+#include <algorithm>
+
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -390,8 +392,9 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   for (int64_t r = 1; r < n; ++r)
     TORCH_CHECK_VALUE(at::equal(shape_of(r), shape_of(0)), "pycomm: sparse all-reduce: rank ", r,
                       " has a tensor of (sparse dims, dense dims, sizes) ", shape_of(r), ", rank 0 ", shape_of(0));
-  const at::Tensor counts = metas.select(1, 0);
-  const int64_t most = counts.max().item<int64_t>();
+  const at::Tensor counts_tensor = metas.select(1, 0).contiguous();
+  const std::vector<int64_t> counts(counts_tensor.data_ptr<int64_t>(), counts_tensor.data_ptr<int64_t>() + n);
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
   std::vector<int64_t> padded_values_shape = local._values().sizes().vec();
   padded_values_shape[0] = most;
   at::Tensor indices = at::zeros({sparse_dim, most}, at::kLong);
@@ -409,10 +412,7 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   at::Tensor strides = at::ones({sparse_dim, 1}, at::kLong);
   for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * sparse_sizes[d + 1];
   std::vector<at::Tensor> linear;
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t count = counts[r].item<int64_t>();
-    linear.push_back((all_indices[r].narrow(1, 0, count) * strides).sum(0));
-  }
+  for (int64_t r = 0; r < n; ++r) linear.push_back((all_indices[r].narrow(1, 0, counts[r]) * strides).sum(0));
   at::Tensor unique, position;
   std::tie(unique, position, std::ignore) = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
   std::vector<int64_t> term_shape = padded_values_shape;
@@ -421,10 +421,9 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
   std::vector<at::Tensor> terms;
   int64_t offset = 0;
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t count = counts[r].item<int64_t>();
     terms.push_back(at::full(term_shape, floating ? -0.0 : 0.0, local._values().options()));
-    terms.back().index_copy_(0, position.narrow(0, offset, count), all_values[r].narrow(0, 0, count));
-    offset += count;
+    terms.back().index_copy_(0, position.narrow(0, offset, counts[r]), all_values[r].narrow(0, 0, counts[r]));
+    offset += counts[r];
   }
   const at::Tensor sum = reduce_tensors(terms, c10d::ReduceOp::SUM, n, options.determinism == Determinism::Exact,
                                         std::nullopt).view(term_shape);
@@ -437,8 +436,6 @@ at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOpt
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
                     "pycomm: all-reduce of sparse tensors only works with ReduceOp.SUM");
-  TORCH_CHECK_VALUE(tensor.layout() == at::kSparse, "pycomm: sparse all-reduce takes a sparse COO tensor, got layout ",
-                    tensor.layout());
   to_core(tensor.scalar_type());
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: allreduce on a group that was shut down");
   const CallOptions options = comm_->config().options_for(Collective::AllReduce);
