@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, layered
 
 __all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp",
            "stats", "flight_recorder", "dump_flight_recorder",
@@ -64,14 +64,22 @@ def knobs():
     return [tuple(k) for k in _C.knobs()]
 
 
-def _backend_of(group, device):
+def _group_of(group):
     pg = group if group is not None else dist.GroupMember.WORLD
-    if pg is None:
-        pg = dist.distributed_c10d._get_default_group()  # raises torch's "not initialized"
-    backend = pg._get_backend(torch.device(device))
-    if not isinstance(backend, _C.ProcessGroupPycomm):
-        raise ValueError(f"pycomm: the group's backend for {device} is not pycomm")
-    return backend
+    return pg if pg is not None else dist.distributed_c10d._get_default_group()  # raises torch's "not initialized"
+
+
+def _pycomm_backend(group, device):
+    """The group's pycomm backend for ``device``, or None where another backend serves it
+    (the collectives then take the layered path, that backend moving the bytes)."""
+    backend = group._get_backend(torch.device(device))
+    return backend if isinstance(backend, _C.ProcessGroupPycomm) else None
+
+
+def _layered_options(algorithm):
+    if algorithm not in (None, "auto"):
+        raise ValueError(f"pycomm: algorithm={algorithm!r} chooses among pycomm's own algorithms; over a group "
+                         f"of another backend pycomm runs its layered direct algorithm (algorithm=None)")
 
 
 def _options(algorithm, compression, deterministic):
@@ -100,36 +108,73 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
     """In-place all-reduce of ``tensor`` like ``dist.all_reduce``, with per-call options:
     ``algorithm`` (auto|ring|...), ``compression`` (none|fp16|...), ``deterministic``
     (False|True|"exact"); None takes the group's setting from the environment."""
-    work = _backend_of(group, tensor.device)._all_reduce(
-        tensor, op, *_options(algorithm, compression, deterministic), not async_op)
+    group = _group_of(group)
+    backend = _pycomm_backend(group, tensor.device)
+    if backend is None:
+        _layered_options(algorithm)
+        return layered.all_reduce(tensor, op, group, *_options(None, compression, deterministic)[1:], async_op)
+    work = backend._all_reduce(tensor, op, *_options(algorithm, compression, deterministic), not async_op)
     return _finish(work, async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorithm=None,
                           compression=None, deterministic=None, async_op=False):
     """Like ``dist.reduce_scatter_tensor``, with the per-call options of :func:`all_reduce`."""
-    work = _backend_of(group, input.device)._reduce_scatter_tensor(
-        output, input, op, *_options(algorithm, compression, deterministic), not async_op)
+    group = _group_of(group)
+    backend = _pycomm_backend(group, input.device)
+    if backend is None:
+        _layered_options(algorithm)
+        return layered.reduce_scatter_tensor(output, input, op, group, *_options(None, compression, deterministic)[1:],
+                                             async_op)
+    work = backend._reduce_scatter_tensor(output, input, op, *_options(algorithm, compression, deterministic),
+                                          not async_op)
     return _finish(work, async_op)
 
 
 def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compression=None,
                            deterministic=None, async_op=False):
     """Like ``dist.all_gather_into_tensor``, with the per-call options of :func:`all_reduce`."""
-    work = _backend_of(group, input.device)._all_gather_into_tensor(
-        output, input, *_options(algorithm, compression, deterministic), not async_op)
+    group = _group_of(group)
+    backend = _pycomm_backend(group, input.device)
+    if backend is None:
+        _layered_options(algorithm)
+        return layered.all_gather_into_tensor(output, input, group, *_options(None, compression, deterministic)[1:],
+                                              async_op)
+    work = backend._all_gather_into_tensor(output, input, *_options(algorithm, compression, deterministic),
+                                           not async_op)
     return _finish(work, async_op)
 
 
 # ---- observability ----
+
+def _host_backend(group):
+    """The group's pycomm backend (which serves every device of a pycomm group), or None."""
+    try:
+        return _pycomm_backend(group, "cpu")
+    except RuntimeError:  # the group has no backend for the host: not pycomm's
+        return None
+
+
+def _recording_backend(group):
+    backend = _host_backend(_group_of(group))
+    if backend is None:
+        raise ValueError("pycomm: the flight recorder is a pycomm group's; over a group of another backend, "
+                         "pycomm.stats(group) reports the layered operations and their last one")
+    return backend
+
 
 def stats(group=None):
     """This rank's counters of the group's operations: ``{"group", "rank", "size",
     "collectives": {collective: {algorithm: {"calls", "failures", "bytes", "time_s"}}},
     "last": <the last operation ended, as a flight-recorder entry, or None>}``. ``bytes``
     counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
-    (from their start on the group's thread to their end, queueing excluded)."""
-    return json.loads(_backend_of(group, "cpu")._stats_json())
+    (from their start on the group's thread to their end, queueing excluded). For a group
+    of another backend, the same for the operations pycomm ran over it (the layered path,
+    timed on the calling thread; on CUDA, the time to enqueue them), with ``"mover"``
+    naming that backend."""
+    group = _group_of(group)
+    backend = _host_backend(group)
+    return json.loads(backend._stats_json()) if backend is not None else layered.record_of(group).stats()
 
 
 def flight_recorder(group=None):
@@ -138,13 +183,13 @@ def flight_recorder(group=None):
     root or tag, algorithm, compression, determinism), state (running, completed, failed),
     start time (``start_unix_us``) and ``duration_us`` (so far, when running). The same
     document is written to a file when an operation fails or times out."""
-    return json.loads(_backend_of(group, "cpu")._flight_recorder_json())
+    return json.loads(_recording_backend(group)._flight_recorder_json())
 
 
 def dump_flight_recorder(group=None, path=None):
     """Writes :func:`flight_recorder` as JSON to ``path`` (default: this rank's file in
     PYCOMM_FLIGHT_RECORDER_DIR) and returns the path."""
-    return _backend_of(group, "cpu")._dump_flight_recorder(path or "")
+    return _recording_backend(group)._dump_flight_recorder(path or "")
 
 
 # ---- compression codecs (the same block code the collectives run) ----

@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "binding/backend.h"
 #include "binding/codecs.h"
+#include "binding/layered.h"
 #include "device/device_runtime.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"
@@ -71,6 +72,22 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dtype"), py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("reduce", &pycomm::reduce_tensors, py::arg("terms"), py::arg("op"), py::arg("world_size") = 1,
         py::arg("exact") = false, py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
+  py::enum_<pycomm::Form>(m, "Form")
+      .value("Input", pycomm::Form::Input)
+      .value("Partial", pycomm::Form::Partial)
+      .value("Encoded", pycomm::Form::Encoded);
+  py::enum_<pycomm::Stage>(m, "Stage")
+      .value("Partial", pycomm::Stage::Partial)
+      .value("Final", pycomm::Stage::Final)
+      .value("Encoded", pycomm::Stage::Encoded)
+      .value("FinalEncoded", pycomm::Stage::FinalEncoded);
+  m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
+        py::arg("compression"), py::arg("determinism"));
+  m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
+  m.def("encoded_size", &pycomm::encoded_size, py::arg("codec"), py::arg("block"), py::arg("count"));
+  m.def("fold", &pycomm::fold, py::arg("out"), py::arg("terms"), py::arg("forms"), py::arg("dtype"), py::arg("count"),
+        py::arg("op"), py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;

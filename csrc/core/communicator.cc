@@ -413,16 +413,9 @@ void Communicator::validate(Request& rq) const {
   if (rq.collective == Collective::AllToAll &&
       (rq.send_counts.size() != static_cast<size_t>(size_) || rq.recv_counts.size() != static_cast<size_t>(size_)))
     bad("alltoall: split sizes must list one count per rank");
-  // Compression applies where it saves bytes of floating data: all-reduce, reduce-scatter
-  // and all-gather of float32 (any codec) and of 16-bit floats (fp8 codecs). Every other
-  // call runs uncompressed, so a group-wide PYCOMM_COMPRESSION never touches integers.
-  if (rq.options.compression != Compression::None) {
-    const bool dtype_applies = rq.dtype == DataType::Float32 || rq.dtype == DataType::Float16 ||
-                               rq.dtype == DataType::BFloat16;
-    if (!selects_algorithm(rq.collective) || !dtype_applies || code_size(rq.options.compression) >= element_size(rq.dtype))
-      rq.options.compression = Compression::None;
-    if (!rq.options.compression_block) rq.options.compression_block = config_.compression_block;
-  }
+  rq.options.compression = applied_compression(rq.collective, rq.dtype, rq.options.compression);
+  if (rq.options.compression != Compression::None && !rq.options.compression_block)
+    rq.options.compression_block = config_.compression_block;
 }
 
 OpStamp Communicator::stamp_for(const Request& rq, const Selection& chosen) {

@@ -97,6 +97,13 @@ size_t code_size(Compression c) {
   return c == Compression::Fp8E4M3 || c == Compression::Fp8E5M2 ? 1 : 2;
 }
 
+Compression applied_compression(Collective c, DataType t, Compression requested) {
+  const bool floating = t == DataType::Float32 || t == DataType::Float16 || t == DataType::BFloat16;
+  if (requested == Compression::None || !selects_algorithm(c) || !floating || code_size(requested) >= element_size(t))
+    return Compression::None;
+  return requested;
+}
+
 const char* name_of(Algorithm a) {
   switch (a) {
     case Algorithm::Auto: return "auto";

@@ -57,6 +57,11 @@ struct CallOptions {
 };
 const char* name_of(Compression c);
 size_t code_size(Compression c);  // bytes per element on the wire (without the scales)
+// The codec a call of collective `c` on `t` runs with when `requested` is asked for:
+// compression applies where it saves bytes of floating data (all-reduce, reduce-scatter
+// and all-gather of float32 with any codec, of 16-bit floats with fp8 codecs); every
+// other call runs uncompressed, so a group-wide PYCOMM_COMPRESSION never touches integers.
+Compression applied_compression(Collective c, DataType t, Compression requested);
 
 const char* name_of(Algorithm a);
 Algorithm parse_algorithm(const std::string& s);

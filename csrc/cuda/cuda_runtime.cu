@@ -147,6 +147,15 @@ class CudaRuntime final : public DeviceRuntime {
   std::unique_ptr<SlotArena> make_slot_arena(int index) const override {
     return std::make_unique<CudaSlotArena>(index);
   }
+  void enqueue_reduce_terms(int index, void* stream, const ReduceSpec& spec, Stage stage, void* out,
+                            const Term* terms, int k, size_t n) const override {
+    if (n == 0) return;
+    CudaDeviceScope scope(index);
+    KernelTarget target{static_cast<cudaStream_t>(stream), 0};
+    cuda_check(cudaDeviceGetAttribute(&target.multiprocessors, cudaDevAttrMultiProcessorCount, index),
+               "cudaDeviceGetAttribute");
+    launch_reduce_terms(spec, stage, out, terms, k, n, target);
+  }
   std::unique_ptr<DeviceTeam> make_team(int index, const TransportSetup& setup) const override {
     return make_cuda_team(index, make_slot_arena(index), setup);
   }

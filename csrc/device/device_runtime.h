@@ -36,6 +36,11 @@ class DeviceRuntime {
   // Ops on the memory of device `index`, on an internal stream of their own, complete
   // when each call returns (the DeviceOps contract).
   virtual std::unique_ptr<DeviceOps> make_ops(int index) const = 0;
+  // DeviceOps::reduce_terms on device `index`'s memory, enqueued on `stream` (a stream of
+  // that device, e.g. the caller's current one) and not waited for: for callers that order
+  // their work by the stream, as the layered path does between the mover's collectives.
+  virtual void enqueue_reduce_terms(int index, void* stream, const ReduceSpec& spec, Stage stage, void* out,
+                                    const Term* terms, int k, size_t n) const = 0;
   // Slot payloads in device `index`'s memory, mappable by processes of this host.
   virtual std::unique_ptr<SlotArena> make_slot_arena(int index) const = 0;
   // This rank's member of a team of the whole group on device `index`, made by every

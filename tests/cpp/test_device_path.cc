@@ -136,6 +136,10 @@ class HostRuntime final : public DeviceRuntime {
   const char* name() const override { return "host-test"; }
   std::unique_ptr<DeviceOps> make_ops(int) const override { return std::make_unique<HostOps>(); }
   std::unique_ptr<SlotArena> make_slot_arena(int) const override { return std::make_unique<HostArena>(); }
+  void enqueue_reduce_terms(int, void*, const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
+                            size_t n) const override {
+    cpu_ops().reduce_terms(spec, stage, out, terms, k, n);
+  }
   std::unique_ptr<DeviceTeam> make_team(int, const TransportSetup& setup) const override {
     ++teams_made;
     return std::make_unique<HostTeam>(setup);

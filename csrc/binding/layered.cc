@@ -1,0 +1,130 @@
+#include "binding/layered.h"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "algorithms/algorithm.h"
+#include "binding/tables.h"
+#include "core/config.h"
+#include "core/dispatch.h"
+#include "device/device_runtime.h"
+
+namespace pycomm {
+namespace {
+
+template <class F>
+auto run(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+}
+
+Collective parse_layered_collective(const std::string& name) {
+  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather})
+    if (name == name_of(c)) return c;
+  TORCH_CHECK_VALUE(false, "pycomm: the layered path runs allreduce, reduce_scatter and allgather, not ", name);
+}
+
+// Bytes a term or output of `count` elements takes in `form`.
+size_t bytes_in(Form form, const ReduceSpec& spec, size_t count) {
+  switch (form) {
+    case Form::Input: return count * element_size(spec.dtype);
+    case Form::Partial: return count * element_size(accumulation_type(spec.dtype));
+    case Form::Encoded: return encoded_bytes(spec.codec, spec.block, count);
+  }
+  return 0;
+}
+
+Form form_of(Stage stage) {
+  switch (stage) {
+    case Stage::Partial: return Form::Partial;
+    case Stage::Final: return Form::Input;
+    case Stage::Encoded:
+    case Stage::FinalEncoded: return Form::Encoded;
+  }
+  return Form::Input;
+}
+
+void check_operand(const at::Tensor& t, const at::Device& device, size_t bytes, const char* what) {
+  TORCH_CHECK_VALUE(t.device() == device, "pycomm: fold: ", what, " is on ", t.device(), ", not ", device);
+  TORCH_CHECK_VALUE(t.is_contiguous(), "pycomm: fold: ", what, " must be contiguous");
+  TORCH_CHECK_VALUE(static_cast<size_t>(t.numel()) * t.element_size() == bytes, "pycomm: fold: ", what, " holds ",
+                    t.numel() * t.element_size(), " bytes where its form needs ", bytes);
+}
+
+}  // namespace
+
+std::tuple<std::string, int64_t, std::string, int> layered_options(const std::string& collective, at::ScalarType dtype,
+                                                              const c10d::ReduceOp& op, const std::string& compression,
+                                                              const std::string& determinism) {
+  const Collective c = parse_layered_collective(collective);
+  return run([&] {
+    const Config config = Config::from_env();
+    CallOptions o = config.options_for(c);
+    if (!compression.empty()) o.compression = parse_compression(compression);
+    if (!determinism.empty()) o.determinism = parse_determinism(determinism);
+    const DataType t = to_core(dtype);
+    if (reduces(c)) check_reducible(t, to_core(op));
+    o.compression = applied_compression(c, t, o.compression);
+    return std::make_tuple(std::string(name_of(o.compression)), static_cast<int64_t>(config.compression_block),
+                           std::string(name_of(o.determinism)), static_cast<int>(config.log_level));
+  });
+}
+
+std::vector<int64_t> segment_begins(int64_t count, int64_t parts, int64_t unit) {
+  TORCH_CHECK_VALUE(count >= 0 && parts >= 1 && unit >= 1, "pycomm: segments of ", count, " elements in ", parts,
+                    " parts of units of ", unit);
+  const Segments seg{static_cast<size_t>(count), static_cast<size_t>(parts), static_cast<size_t>(unit)};
+  std::vector<int64_t> begins;
+  for (size_t i = 0; i <= seg.parts; ++i) begins.push_back(static_cast<int64_t>(seg.begin(i)));
+  return begins;
+}
+
+int64_t encoded_size(const std::string& codec, int64_t block, int64_t count) {
+  TORCH_CHECK_VALUE(block >= 1 && count >= 0, "pycomm: encoded_size of ", count, " elements in blocks of ", block);
+  const Compression c = run([&] { return parse_compression(codec); });
+  TORCH_CHECK_VALUE(c != Compression::None, "pycomm: codec 'none' has no encoding");
+  return static_cast<int64_t>(encoded_bytes(c, static_cast<size_t>(block), static_cast<size_t>(count)));
+}
+
+void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
+          at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
+          const std::string& codec, int64_t block, Stage stage) {
+  TORCH_CHECK_VALUE(!terms.empty() && terms.size() == forms.size(), "pycomm: fold takes one form per term, and a term");
+  TORCH_CHECK_VALUE(count >= 0 && world_size >= 1, "pycomm: fold of ", count, " elements over ", world_size, " ranks");
+  ReduceSpec spec;
+  run([&] {
+    spec.dtype = to_core(dtype);
+    spec.reduction = to_core(op);
+    check_reducible(spec.dtype, spec.reduction);
+    spec.reduction = normalized(spec.dtype, spec.reduction);
+    spec.codec = parse_compression(codec);
+  });
+  spec.world_size = static_cast<int>(world_size);
+  spec.exact = exact;
+  spec.block = static_cast<size_t>(block);
+  const bool coded = spec.codec != Compression::None;
+  TORCH_CHECK_VALUE(!coded || (block >= 16 && (block & (block - 1)) == 0), "pycomm: fold: block ", block,
+                    " is not a power of two of at least 16");
+  TORCH_CHECK_VALUE(coded || form_of(stage) != Form::Encoded, "pycomm: fold: an encoded stage needs a codec");
+  const size_t n = static_cast<size_t>(count);
+  const at::Device device = out.device();
+  check_operand(out, device, bytes_in(form_of(stage), spec, n), "out");
+  std::vector<Term> operands;
+  for (size_t j = 0; j < terms.size(); ++j) {
+    TORCH_CHECK_VALUE(coded || forms[j] != Form::Encoded, "pycomm: fold: an encoded term needs a codec");
+    check_operand(terms[j], device, bytes_in(forms[j], spec, n), "a term");
+    operands.push_back(Term{terms[j].data_ptr(), forms[j]});
+  }
+  const int k = static_cast<int>(operands.size());
+  if (device.is_cpu()) {
+    run([&] { cpu_ops().reduce_terms(spec, stage, out.data_ptr(), operands.data(), k, n); });
+    return;
+  }
+  TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: fold: expected CPU or CUDA tensors, got ", device);
+  void* stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device).native_handle();
+  run([&] { device_runtime().enqueue_reduce_terms(device.index(), stream, spec, stage, out.data_ptr(), operands.data(), k, n); });
+}
+
+}  // namespace pycomm

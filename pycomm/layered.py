@@ -1,0 +1,304 @@
+"""The layered path: pycomm's all-reduce, reduce-scatter and all-gather over a group whose
+backend is not pycomm (nccl, gloo, mpi, any registered backend).
+
+That group, the *mover*, only moves bytes; pycomm reduces. The algorithm is the native
+direct one (twoshot), with the mover's collectives in place of pycomm's transports:
+
+1. Segments: the buffer is cut over the ranks as the native path cuts it
+   (``_C.segment_begins``; whole codec blocks under a codec, so blocks start at multiples
+   of the block in the tensor).
+2. Reduce-scatter: one ``all_to_all_single`` of byte payloads sends segment s of every
+   rank's input to rank s, raw (the input's own bytes) or encoded (codec blocks from the
+   segment's first element, this rank's contribution quantized once).
+3. Fold: rank s reduces the n contributions of its segment in logical rank order, or
+   exactly (exact mode), and under a codec encodes the result once more
+   (``_C.fold``, i.e. ``DeviceOps::reduce_terms``: the function every native algorithm
+   reduces with).
+4. All-gather (all-reduce only): one ``all_gather_into_tensor`` of the (encoded) results,
+   each padded to the longest segment; every rank then decodes every segment, its own too.
+
+The mover never reduces, so its algorithm, channel count or protocol cannot change a bit:
+for the same inputs, world size and options the result equals the native path's (its
+twoshot and ring, and in deterministic modes every algorithm's). Levels: D0-D3 in mode 1
+(a fixed fold order over logical ranks, whatever the mover does), D0-D5 in exact mode
+(the exact sum depends only on the multiset of contributions).
+
+Devices and streams: CPU tensors are folded by the CPU ops before each step returns. CUDA
+tensors are folded by kernels enqueued on the caller's current stream, and the mover's
+collectives are called blocking (``async_op=False``), which for NCCL orders them on the
+current stream without a host synchronization; nothing here waits on the host.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+Form, Stage = _C.Form, _C.Stage
+ALGORITHM = "layered-direct"
+# torch 2.13 renamed all_gather_into_tensor (still there, deprecated) to all_gather_single.
+_ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+
+
+def mover_name(group, device):
+    """The name of the group's backend for ``device`` ("gloo", "nccl", ...)."""
+    try:
+        return group._get_backend(torch.device(device)).name()
+    except (RuntimeError, AttributeError):
+        return dist.get_backend(group)
+
+
+class LayeredWork:
+    """What an asynchronous layered call returns. Its steps were done (CPU) or enqueued on
+    the current stream (CUDA) by the time the call returned, so nothing is left to wait
+    for on the host; ``get_future()`` yields ``[result]`` like a pycomm Work's."""
+
+    def __init__(self, result, algorithm, compression, determinism):
+        self.algorithm, self.compression, self.determinism = algorithm, compression, determinism
+        self._result = result
+        self._future = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
+        self._future.set_result([result])
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return [self._result]
+
+    def get_future(self):
+        return self._future
+
+
+class _GroupRecord:
+    """This rank's counters and last operation of the layered calls on one group, in the
+    shape of a pycomm group's ``stats()``."""
+
+    def __init__(self, group, mover):
+        self.name, self.rank, self.size, self.mover = group.group_name, group.rank(), group.size(), mover
+        self.seq = itertools.count(1)
+        self.collectives = {}
+        self.last = None
+
+    def stats(self):
+        return {"group": self.name, "rank": self.rank, "size": self.size, "mover": self.mover,
+                "collectives": {c: {a: dict(v) for a, v in algos.items()} for c, algos in self.collectives.items()},
+                "last": dict(self.last) if self.last else None}
+
+
+_records: dict[str, _GroupRecord] = {}
+
+
+def record_of(group, device="cpu"):
+    """The record of ``group``'s layered calls (made at its first call)."""
+    record = _records.get(group.group_name)
+    if record is None:
+        record = _records[group.group_name] = _GroupRecord(group, mover_name(group, device))
+    return record
+
+
+class _Call:
+    """One layered operation: its options (decided by the native path's rules), the
+    mover's collectives with their failures wrapped, and its record, stats and log line."""
+
+    def __init__(self, collective, group, like, op, nbytes, compression, deterministic):
+        self.group, self.dtype, self.op = group, like.dtype, op
+        self.codec, self.block, self.determinism, self.log_level = _C.layered_options(
+            collective, like.dtype, op, compression or "", deterministic or "")
+        self.exact = self.determinism == "exact"
+        if like.is_cuda and not _C.has_cuda:
+            raise ValueError("pycomm: the layered path on CUDA tensors needs pycomm's CUDA kernels, and this "
+                             "pycomm was built without nvcc (no Triton kernels are available either)")
+        self.record = record_of(group, like.device)
+        self.rank, self.size = self.record.rank, self.record.size
+        self.algorithm = f"{ALGORITHM} over {self.record.mover}"
+        self.nbytes = nbytes
+        self.entry = {"collective": collective, "seq": next(self.record.seq), "dtype": str(like.dtype).split(".")[-1],
+                      "count": like.numel(), "reduce_op": _op_name(op), "algorithm": self.algorithm,
+                      "compression": self.codec, "determinism": self.determinism, "state": "running",
+                      "start_unix_us": int(time.time() * 1e6), "duration_us": 0.0}
+        self.started = time.perf_counter()
+
+    def describe(self):
+        e = self.entry
+        return f"{e['collective']} #{e['seq']} ({self.algorithm}) on group '{self.record.name}'"
+
+    def move(self, what, *args):
+        """Calls the mover's collective ``what``; its failure fails this operation."""
+        try:
+            getattr(dist, what)(*args, group=self.group)
+        except Exception as e:
+            message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {e}"
+            self.end(message)
+            raise dist.DistBackendError(message) from e
+
+    def fold(self, out, terms, forms, count, stage, op=None):
+        if count:
+            _C.fold(out, terms, forms, self.dtype, count, self.op if op is None else op, self.size, self.exact,
+                    self.codec, self.block, stage)
+
+    def end(self, failure=None):
+        seconds = time.perf_counter() - self.started
+        stats = self.record.collectives.setdefault(self.entry["collective"], {}).setdefault(
+            self.algorithm, {"calls": 0, "failures": 0, "bytes": 0, "time_s": 0.0})
+        stats["calls"] += 1
+        stats["failures"] += failure is not None
+        stats["bytes"] += self.nbytes
+        stats["time_s"] += seconds
+        self.entry.update(state="failed" if failure else "completed", duration_us=seconds * 1e6)
+        if failure:
+            self.entry["error"] = failure
+        self.record.last = self.entry
+        if failure is None and (self.log_level >= 2 or (self.log_level >= 1 and self.rank == 0)):
+            print(f"pycomm: group '{self.record.name}': {self.entry['collective']} #{self.entry['seq']}: "
+                  f"{self.nbytes} B, algorithm {self.algorithm}, compression {self.codec}, determinism "
+                  f"{self.determinism}, {seconds * 1e6:.1f} us", file=sys.stderr, flush=True)
+
+    def work(self, result, async_op):
+        self.end()
+        return LayeredWork(result, self.algorithm, self.codec, self.determinism) if async_op else None
+
+
+def _op_name(op):
+    return str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+
+
+def _bytes(t):
+    return t.view(torch.uint8)
+
+
+def _dense(t):
+    """A contiguous flat view of ``t``, or of a copy of it (written back by ``_settle``)."""
+    return (t if t.is_contiguous() else t.contiguous()).view(-1)
+
+
+def _settle(t, flat):
+    if flat.data_ptr() != t.data_ptr() or not t.is_contiguous():
+        t.copy_(flat.view(t.shape))
+
+
+def _pieces(buffer, sizes):
+    """``buffer`` cut into consecutive pieces of ``sizes`` elements."""
+    offsets = [0, *itertools.accumulate(sizes)]
+    return [buffer[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
+
+
+def _exchange(call, flat, begins, element_bytes):
+    """Step 2: segment s of ``flat`` goes to rank s; returns this rank's n contributions to
+    its own segment, in rank order, and their form. Raw segments travel as their bytes
+    (this rank's own included, as the mover's all-to-all takes one buffer); encoded ones
+    are encoded here, this rank's own kept as its input (quantized as it is loaded)."""
+    n, r = call.size, call.rank
+    lengths = [begins[s + 1] - begins[s] for s in range(n)]
+    mine = flat[begins[r]:begins[r + 1]]
+    if call.codec == "none":
+        recv = torch.empty(n * lengths[r] * element_bytes, dtype=torch.uint8, device=flat.device)
+        call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
+                  [length * element_bytes for length in lengths])
+        pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
+        return [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
+    encoded = [0 if s == r else _C.encoded_size(call.codec, call.block, lengths[s]) for s in range(n)]
+    send = torch.empty(sum(encoded), dtype=torch.uint8, device=flat.device)
+    for s, piece in enumerate(_pieces(send, encoded)):
+        if s != r:
+            call.fold(piece, [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
+    mine_encoded = _C.encoded_size(call.codec, call.block, lengths[r])
+    incoming = [0 if p == r else mine_encoded for p in range(n)]
+    recv = torch.empty(sum(incoming), dtype=torch.uint8, device=flat.device)
+    call.move("all_to_all_single", recv, send, incoming, encoded)
+    pieces = _pieces(recv, incoming)
+    return ([mine if p == r else pieces[p] for p in range(n)],
+            [Form.Input if p == r else Form.Encoded for p in range(n)])
+
+
+def all_reduce(tensor, op, group, compression, deterministic, async_op):
+    flat = _dense(tensor)
+    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), compression, deterministic)
+    n, r, es, count = call.size, call.rank, flat.element_size(), flat.numel()
+    if count == 0:
+        return call.work(tensor, async_op)
+    coded = call.codec != "none"
+    begins = _C.segment_begins(count, n, call.block if coded else 1)
+    lengths = [begins[s + 1] - begins[s] for s in range(n)]
+    terms, forms = _exchange(call, flat, begins, es)
+    # Step 3 writes this rank's result (encoded under a codec) into a piece padded to the
+    # longest segment's (segment 0's), the size every rank gives the all-gather.
+    piece = (lambda m: _C.encoded_size(call.codec, call.block, m)) if coded else (lambda m: m * es)
+    width = piece(lengths[0])
+    result = torch.zeros(width, dtype=torch.uint8, device=flat.device)
+    call.fold(result[:piece(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
+    if not coded and count == n * lengths[0]:  # equal segments: gathered straight into place
+        call.move(_ALL_GATHER, _bytes(flat), result)
+    else:
+        gathered = torch.empty(n * width, dtype=torch.uint8, device=flat.device)
+        call.move(_ALL_GATHER, gathered, result)
+        for s, block in enumerate(_pieces(gathered, [width] * n)):
+            segment = flat[begins[s]:begins[s + 1]]
+            if coded:  # decoding alone: the result was finalized before it was encoded
+                call.fold(segment, [block[:piece(lengths[s])]], [Form.Encoded], lengths[s], Stage.Final,
+                          op=dist.ReduceOp.SUM)
+            elif lengths[s]:
+                _bytes(segment).copy_(block[:piece(lengths[s])])
+    _settle(tensor, flat)
+    return call.work(tensor, async_op)
+
+
+def reduce_scatter_tensor(output, input, op, group, compression, deterministic, async_op):
+    flat_in, out = _dense(input), _dense(output)
+    n, count = group.size(), out.numel()
+    if output.dtype != input.dtype or flat_in.numel() != n * count:
+        raise ValueError(f"pycomm: reduce_scatter: the input holds {flat_in.numel()} {input.dtype} elements; a group "
+                         f"of {n} needs {n} x the output's {count} {output.dtype} elements")
+    call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), compression,
+                 deterministic)
+    if count == 0:
+        return call.work(output, async_op)
+    begins = _C.segment_begins(count * n, n, 1)  # blocks start at each rank's segment
+    terms, forms = _exchange(call, flat_in, begins, flat_in.element_size())
+    if call.codec != "none" and call.determinism != "0":
+        # Deterministic modes quantize the result once more, as the native reduce-scatter
+        # does, so that a shard equals the matching slice of the all-reduce.
+        encoded = torch.empty(_C.encoded_size(call.codec, call.block, count), dtype=torch.uint8, device=out.device)
+        call.fold(encoded, terms, forms, count, Stage.FinalEncoded)
+        call.fold(out, [encoded], [Form.Encoded], count, Stage.Final, op=dist.ReduceOp.SUM)
+    else:
+        call.fold(out, terms, forms, count, Stage.Final)
+    _settle(output, out)
+    return call.work(output, async_op)
+
+
+def all_gather_into_tensor(output, input, group, compression, deterministic, async_op):
+    flat_in, out = _dense(input), _dense(output)
+    n, count = group.size(), flat_in.numel()
+    if output.dtype != input.dtype or out.numel() != n * count:
+        raise ValueError(f"pycomm: allgather: the output holds {out.numel()} {output.dtype} elements; a group of "
+                         f"{n} needs {n} x the input's {count} {input.dtype} elements")
+    call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), compression,
+                 deterministic)
+    if count == 0:
+        return call.work(output, async_op)
+    if call.codec == "none":
+        call.move(_ALL_GATHER, out, flat_in)
+    else:
+        size = _C.encoded_size(call.codec, call.block, count)
+        mine = torch.empty(size, dtype=torch.uint8, device=out.device)
+        call.fold(mine, [flat_in], [Form.Input], count, Stage.Encoded)
+        gathered = torch.empty(n * size, dtype=torch.uint8, device=out.device)
+        call.move(_ALL_GATHER, gathered, mine)
+        for s, block in enumerate(_pieces(gathered, [size] * n)):
+            call.fold(out[s * count:(s + 1) * count], [block], [Form.Encoded], count, Stage.Final)
+    _settle(output, out)
+    return call.work(output, async_op)
