@@ -1,0 +1,213 @@
+"""The layered path (pycomm/layered.py): pycomm's reductions over a group of another
+backend, here gloo as the mover. What it must show: bits equal to the native path's for
+the same inputs, world size and options; exact mode independent of the world size; the
+same options and errors as the native path; observability; a failing mover failing the
+call with its error wrapped."""
+
+import hashlib
+import os
+import signal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _harness import capture_stderr, group_timeout, run_world
+
+CODECS = [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+MODES = [True, "exact"]
+SMALL = [0, 1, 7, 1001]
+
+
+def _op(name):
+    return dist._make_nccl_premul_sum(0.375) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
+
+
+def _values(rank, count, dtype, salt):
+    """Gaussian data over several decades (so that fold order and the exact sum matter),
+    different on every rank and case."""
+    g = torch.Generator().manual_seed(1000003 * rank + salt)
+    x = torch.randn(count, generator=g, dtype=torch.float64)
+    x *= torch.tensor([1e-3, 1.0, 3e2, 7e4], dtype=torch.float64).repeat(count // 4 + 1)[:count]
+    if not dtype.is_floating_point:
+        return (x.clamp(-1e4, 1e4)).to(dtype)
+    return x.to(dtype)
+
+
+def _bits(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _outcome(fn):
+    """The result's bits, or the error (type and message) the call raised."""
+    try:
+        return ("ok", _bits(fn()).clone())
+    except (ValueError, RuntimeError, TypeError) as e:
+        return ("error", type(e).__name__, str(e))
+
+
+def _run(collective, group, x, op, codec, mode, ws):
+    import pycomm
+
+    kw = dict(group=group, compression=codec, deterministic=mode)
+    if collective == "allreduce":
+        t = x.clone()
+        pycomm.all_reduce(t, op, **kw)
+        return t
+    if collective == "reduce_scatter":
+        out = torch.empty(x.numel() // ws, dtype=x.dtype)
+        pycomm.reduce_scatter_tensor(out, x, op, **kw)
+        return out
+    out = torch.empty(x.numel() * ws, dtype=x.dtype)
+    pycomm.all_gather_into_tensor(out, x, **kw)
+    return out
+
+
+def cases_for(ws, sizes):
+    """(collective, dtype, op, count, codec, mode): the matrix of the issue, the large
+    sizes on float32 and bfloat16."""
+    out = []
+    for count in sizes:
+        large = count > 1001
+        dtypes = [torch.float32, torch.bfloat16] if large else [torch.float32, torch.float16, torch.bfloat16,
+                                                                  torch.float64]
+        ops = ["SUM", "AVG"] if large else ["SUM", "AVG", "PREMUL_SUM"]
+        codecs = [None, "bf16", "fp8_e4m3"] if large else CODECS
+        for dtype in dtypes:
+            for codec in codecs:
+                for mode in MODES:
+                    for op in ops:
+                        out.append(("allreduce", dtype, op, count, codec, mode))
+                        out.append(("reduce_scatter", dtype, op, count, codec, mode))
+                out.append(("allgather", dtype, "SUM", count, codec, True))
+        if not large:  # the other reductions, where the mode allows them; integers
+            for dtype in (torch.float32, torch.bfloat16, torch.int32):
+                for op in ("MIN", "MAX", "PRODUCT"):
+                    for mode in MODES:
+                        out.append(("allreduce", dtype, op, count, None, mode))
+                        out.append(("reduce_scatter", dtype, op, count, None, mode))
+            out.append(("allreduce", torch.int32, "SUM", count, "fp8_e4m3", "exact"))  # runs uncompressed
+    return out
+
+
+def layered_equals_native_world(rank, ws, sizes):
+    """Every case on the native path (the pycomm world) and the layered path (a gloo group
+    of the same ranks); returns the cases whose outcomes differ, and a digest of the
+    layered all-reduce and all-gather results, which must be the same on every rank."""
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    differ, digest = [], hashlib.sha256()
+    for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
+        x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
+        native = _outcome(lambda: _run(collective, None, x, _op(op), codec, mode, ws))
+        layered = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
+        same = native[0] == layered[0] and (torch.equal(native[1], layered[1]) if native[0] == "ok"
+                                            else native[1:] == layered[1:])
+        if not same:
+            differ.append((collective, str(dtype), op, count, codec, mode, str(native)[:200], str(layered)[:200]))
+        if collective != "reduce_scatter":  # the results every rank holds alike
+            digest.update(layered[1].numpy().tobytes() if layered[0] == "ok" else repr(layered).encode())
+    return differ, digest.hexdigest(), len(cases_for(ws, sizes))
+
+
+def _check_world(results):
+    differ, digest, n_cases = results[0]
+    assert n_cases > 0
+    for rank, (d, h, _) in enumerate(results):
+        assert not d, f"rank {rank}: layered and native differ in {len(d)} cases, e.g. {d[:3]}"
+        assert h == digest, f"rank {rank}'s layered results differ from rank 0's"
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3, 4, 5])
+def test_layered_equals_native_bit_for_bit(ws):
+    _check_world(run_world(layered_equals_native_world, ws, args=(SMALL,), timeout=240))
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_layered_equals_native_large(ws):
+    # 65537 and 786433 elements (3 MiB of float32): segments that do not divide evenly,
+    # several codec blocks and native chunks per segment.
+    _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433],), timeout=240))
+
+
+def exact_world_size_world(rank, ws):
+    """The same multiset of contributions {c0, c1} (zeros elsewhere, placed differently)
+    reduced in exact mode over gloo groups of 2, 3 and 4 ranks: one result, bit for bit."""
+    import pycomm
+
+    c = [_values(p, 4099, torch.float32, 77) for p in (0, 1)]
+    zero = torch.zeros(4099)
+    placements = {2: [c[0], c[1]], 3: [c[1], zero, c[0]], 4: [zero, c[0], zero, c[1]]}
+    digests = {}
+    for size, contributions in placements.items():
+        group = dist.new_group(ranks=list(range(size)), backend="gloo", timeout=group_timeout())
+        if rank >= size:
+            continue
+        for codec in (None, "fp8_e4m3"):
+            t = contributions[rank].clone()
+            pycomm.all_reduce(t, group=group, deterministic="exact", compression=codec)
+            digests[(size, codec)] = hashlib.sha256(_bits(t).numpy().tobytes()).hexdigest()
+    return digests
+
+
+def test_exact_mode_is_world_size_invariant():
+    results = run_world(exact_world_size_world, 4, timeout=120)
+    for codec in (None, "fp8_e4m3"):
+        seen = {d[(size, codec)] for d in results for size in (2, 3, 4) if (size, codec) in d}
+        assert len(seen) == 1, (codec, seen)
+
+
+def observability_world(rank, ws):
+    import pycomm
+
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    t = torch.ones(1000)
+
+    def call():
+        return pycomm.all_reduce(t, group=gloo, compression="bf16", deterministic="exact", async_op=True)
+
+    work, log = capture_stderr(call)
+    assert work.wait() and work.is_completed()
+    assert work.algorithm == "layered-direct over gloo", work.algorithm
+    assert (work.compression, work.determinism) == ("bf16", "exact")
+    assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
+    with pytest.raises(ValueError, match="layered direct algorithm"):
+        pycomm.all_reduce(t, group=gloo, algorithm="ring")
+    with pytest.raises(ValueError, match="flight recorder"):
+        pycomm.flight_recorder(gloo)
+    stats = pycomm.stats(gloo)
+    counters = stats["collectives"]["allreduce"]["layered-direct over gloo"]
+    assert (counters["calls"], counters["failures"], counters["bytes"]) == (1, 0, 4000), counters
+    assert stats["mover"] == "gloo" and stats["last"]["state"] == "completed", stats
+    return log
+
+
+def test_work_stats_and_log_line():
+    logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
+    assert "allreduce #1: 4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0]
+    assert "layered-direct" not in logs[1]  # INFO: rank 0 logs each operation
+
+
+def mover_fails_world(rank, ws):
+    import datetime
+
+    import pycomm
+
+    gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=5))
+    t = torch.ones(1 << 16)
+    pycomm.all_reduce(t, group=gloo)  # #1 succeeds everywhere
+    if rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        pycomm.all_reduce(t, group=gloo, deterministic="exact")
+    except dist.DistBackendError as e:
+        return str(e), pycomm.stats(gloo)["collectives"]["allreduce"]["layered-direct over gloo"]["failures"]
+    raise AssertionError("the all-reduce succeeded without its peer")
+
+
+def test_a_failing_mover_fails_the_call_with_its_error_wrapped():
+    results = run_world(mover_fails_world, 3, timeout=120, expect_killed=(2,))
+    for rank in (0, 1):
+        message, failures = results[rank]
+        assert message.startswith(f"pycomm: allreduce #2 (layered-direct over gloo) on group "), message
+        assert f"failed on rank {rank}: all_to_all_single: " in message, message
+        assert failures == 1
