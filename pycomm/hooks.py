@@ -1,4 +1,8 @@
-"""DDP communication hooks: compressed gradient all-reduce with error feedback.
+"""DDP communication hooks: compressed gradient all-reduce with error feedback, and
+deterministic gradient all-reduce.
+
+Both work on any DDP process group: a pycomm group, or one of another backend (nccl,
+gloo, ...), which then only moves the bytes of pycomm's reduction (pycomm.layered).
 
 Usage::
 
@@ -59,7 +63,8 @@ import torch.distributed as dist
 
 import pycomm
 
-__all__ = ["CompressionState", "compressed_allreduce_hook", "register_compression_hook"]
+__all__ = ["CompressionState", "compressed_allreduce_hook", "register_compression_hook",
+           "DeterministicState", "deterministic_allreduce_hook", "register_deterministic_hook"]
 
 _16_BIT = (torch.float16, torch.bfloat16)
 
@@ -204,4 +209,37 @@ def register_compression_hook(ddp_model, codec="fp8_e4m3", *, error_feedback=Tru
     state = CompressionState(codec, error_feedback, group=ddp_model.process_group,
                              model=ddp_model.module, algorithm=algorithm)
     ddp_model.register_comm_hook(state, compressed_allreduce_hook)
+    return state
+
+
+class DeterministicState:
+    """The state of :func:`deterministic_allreduce_hook`: ``deterministic`` (True or 1:
+    a fixed fold order, D0-D3; "exact": the exact sum, D0-D5) and the DDP model's
+    ``group`` (None: the default group)."""
+
+    def __init__(self, deterministic="exact", group=None):
+        if deterministic not in (True, 1, "1", "exact"):
+            raise ValueError("pycomm.hooks: deterministic must be True, 1 or 'exact', not %r" % (deterministic,))
+        self.deterministic = deterministic
+        self.group = group
+
+    def __repr__(self):
+        return "DeterministicState(deterministic=%r)" % (self.deterministic,)
+
+
+def deterministic_allreduce_hook(state: DeterministicState,
+                                 bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` over ``state.group`` uncompressed, in pycomm's deterministic
+    mode ``state.deterministic``; register with ``ddp.register_comm_hook(state,
+    deterministic_allreduce_hook)``."""
+    work = pycomm.all_reduce(bucket.buffer(), dist.ReduceOp.AVG, group=state.group, compression="none",
+                             deterministic=state.deterministic, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def register_deterministic_hook(ddp_model, deterministic="exact"):
+    """Register :func:`deterministic_allreduce_hook` on ``ddp_model`` (over the model's
+    own process group) and return its :class:`DeterministicState`."""
+    state = DeterministicState(deterministic, group=ddp_model.process_group)
+    ddp_model.register_comm_hook(state, deterministic_allreduce_hook)
     return state
