@@ -322,3 +322,42 @@ def test_flag_allreduce_reports_a_missing_peer(fault, words, bounds):
     assert r["raised"], "all_reduce returned after %.1fs without its peer" % r["elapsed"]
     assert words in r["msg"], r["msg"]
     assert bounds[0] <= r["elapsed"] <= bounds[1], (r["elapsed"], r["msg"])
+
+
+# The layered path on CUDA tensors: pycomm's kernels on the caller's stream, another
+# backend moving the bytes. NCCL takes one rank per GPU, so it is the mover at world size
+# 1; several ranks on the one GPU use gloo (which moves CUDA tensors) as the mover.
+LAYERED_CASES = [(dtype, codec, mode) for dtype in (torch.float32, torch.bfloat16)
+                 for codec in (None, "bf16", "fp8_e4m3") for mode in (True, "exact")]
+
+
+def layered_on_cuda(rank, ws, mover):
+    import pycomm
+
+    torch.cuda.set_device(0)
+    group = dist.new_group(backend=mover)
+    problems = []
+    for i, (dtype, codec, mode) in enumerate(LAYERED_CASES):
+        for n in (1, 1001, 65537):
+            x = _data(n, dtype, 100 * i + rank, specials=False)
+            on_cpu, on_gpu = x.clone(), x.cuda()
+            pycomm.all_reduce(on_cpu, compression=codec, deterministic=mode)  # native, host memory
+            work = pycomm.all_reduce(on_gpu, group=group, compression=codec, deterministic=mode, async_op=True)
+            if not work.algorithm.startswith("layered-direct over"):
+                problems.append(work.algorithm)
+            if not _same_bits(on_gpu, on_cpu):
+                problems.append("%s %s %s n=%d: CUDA layered != CPU native" % (dtype, codec, mode, n))
+            rs_cpu = torch.empty(n, dtype=dtype)
+            rs_gpu = torch.empty(n, dtype=dtype, device="cuda")
+            big = torch.cat([x] * ws)
+            pycomm.reduce_scatter_tensor(rs_cpu, big, compression=codec, deterministic=mode)
+            pycomm.reduce_scatter_tensor(rs_gpu, big.cuda(), group=group, compression=codec, deterministic=mode)
+            if not _same_bits(rs_gpu, rs_cpu):
+                problems.append("%s %s %s n=%d: reduce-scatter differs" % (dtype, codec, mode, n))
+    return problems
+
+
+@pytest.mark.parametrize("ws,mover", [(1, "nccl"), (2, "gloo"), (3, "gloo")])
+def test_layered_on_cuda_equals_native_cpu(ws, mover):
+    for problems in run_world(layered_on_cuda, ws, args=(mover,), timeout=400):
+        assert not problems, problems
