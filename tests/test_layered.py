@@ -7,6 +7,7 @@ call with its error wrapped."""
 import hashlib
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -187,16 +188,20 @@ def test_work_stats_and_log_line():
     assert "layered-direct" not in logs[1]  # INFO: rank 0 logs each operation
 
 
-def mover_fails_world(rank, ws):
+def mover_fails_world(rank, ws, how):
+    """The last rank is killed, or sleeps past the mover's timeout, before all-reduce #2."""
     import datetime
 
     import pycomm
 
-    gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=5))
+    gloo = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3))
     t = torch.ones(1 << 16)
     pycomm.all_reduce(t, group=gloo)  # #1 succeeds everywhere
     if rank == ws - 1:
-        os.kill(os.getpid(), signal.SIGKILL)
+        if how == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(8)
+        return None
     try:
         pycomm.all_reduce(t, group=gloo, deterministic="exact")
     except dist.DistBackendError as e:
@@ -204,10 +209,13 @@ def mover_fails_world(rank, ws):
     raise AssertionError("the all-reduce succeeded without its peer")
 
 
-def test_a_failing_mover_fails_the_call_with_its_error_wrapped():
-    results = run_world(mover_fails_world, 3, timeout=120, expect_killed=(2,))
+@pytest.mark.parametrize("how", ["killed", "late"])
+def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
+    results = run_world(mover_fails_world, 3, args=(how,), timeout=120,
+                        expect_killed=(2,) if how == "killed" else ())
     for rank in (0, 1):
         message, failures = results[rank]
         assert message.startswith(f"pycomm: allreduce #2 (layered-direct over gloo) on group "), message
         assert f"failed on rank {rank}: all_to_all_single: " in message, message
+        assert how == "killed" or "timed out" in message.lower() or "timeout" in message.lower(), message
         assert failures == 1
