@@ -99,15 +99,17 @@ class _GroupRecord:
                 "last": dict(self.last) if self.last else None}
 
 
-_records: dict[str, _GroupRecord] = {}
+_records: dict[str, tuple[int, _GroupRecord]] = {}
 
 
 def record_of(group, device="cpu"):
-    """The record of ``group``'s layered calls (made at its first call)."""
-    record = _records.get(group.group_name)
-    if record is None:
-        record = _records[group.group_name] = _GroupRecord(group, mover_name(group, device))
-    return record
+    """The record of ``group``'s layered calls (made at its first call). Kept by the
+    group's name, and renewed when a new group object takes a name (the old one
+    destroyed), without holding the group alive."""
+    held = _records.get(group.group_name)
+    if held is None or held[0] != id(group):
+        held = _records[group.group_name] = (id(group), _GroupRecord(group, mover_name(group, device)))
+    return held[1]
 
 
 class _Call:
