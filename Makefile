@@ -25,9 +25,12 @@ ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space)
 # bench-determinism: the cost of each determinism mode against the default, in blocking
 # mode (each call's latency), the three modes interleaved per repeat.
 DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends default=pycomm,det1=pycomm:deterministic=1,exact=pycomm:deterministic=exact
+# bench-layered: pycomm's layered path (its direct algorithm over a gloo group, gloo moving
+# the bytes) against gloo's own all-reduce, uncompressed, exact and fp8, in blocking mode.
+LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench bench-mpi bench-algos bench-determinism bench-gpu conformance openmpi cuda-check core-test clean
+.PHONY: all build test bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -200,6 +203,14 @@ bench-determinism: build
 	@mkdir -p $(RESULTS); for np in 2 4; do \
 	  out=$(RESULTS)/cpu-allreduce-determinism-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(DETERMINISM_BENCH_ARGS) --json $$out.json) || exit 1; \
+	done
+
+# pycomm's layered path over gloo against gloo's all-reduce, 2 and 4 ranks:
+# $(RESULTS)/cpu-allreduce-layered-np<N>.{txt,json}.
+bench-layered: build
+	@mkdir -p $(RESULTS); for np in 2 4; do \
+	  out=$(RESULTS)/cpu-allreduce-layered-np$$np; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(LAYERED_BENCH_ARGS) --json $$out.json) || exit 1; \
 	done
 
 clean:

@@ -160,6 +160,15 @@ def _free_port():
     (["--collective", "scan"], "unknown collective 'scan'"),
     (["--backends", "pycomm,gloo", "--baseline", "nccl"], "--baseline nccl is not a backend"),
     (["-d", "float64"], "not supported by the harness yet"),
+    (["--backends", "gloo,pycomm-over"], "needs the backend that moves its bytes after it"),
+    (["--backends", "l=pycomm-over:compression=fp16"], "e.g. pycomm-over:gloo"),
+    (["--backends", "pycomm-over:mpi"], "cannot run over 'mpi'"),
+    (["--backends", "pycomm-over:gloo:algorithm=ring"], "takes no option 'algorithm=ring'"),
+    (["--backends", "pycomm-over:gloo:compression=fp7"], "expected one of none, fp16"),
+    (["--backends", "gloo,l=pycomm-over:gloo,l=pycomm-over:gloo:deterministic=1"],
+     "l repeated"),
+    (["--collective", "broadcast", "--backends", "gloo,l=pycomm-over:gloo"],
+     "runs through pycomm's direct API, which has no broadcast"),
 ])
 def test_bad_flags_exit_64(args, message, capsys):
     assert bench_main(args) == 64
@@ -173,6 +182,63 @@ def test_nccl_needs_cuda(capsys):
         pytest.skip("a CUDA device is present")
     assert bench_main(["--backends", "nccl"]) == 64
     assert "backend nccl needs a CUDA device" in capsys.readouterr().err
+
+
+def test_nccl_mover_needs_cuda(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert bench_main(["--backends", "gloo,l=pycomm-over:nccl"]) == 64
+    assert "backend pycomm-over:nccl needs a CUDA device" in capsys.readouterr().err
+
+
+def test_layered_specs_parse():
+    from pycomm.bench.backends import device_of, dispatch_pairs, parse_backends, through_direct
+    from pycomm.bench.config import BackendSpec
+
+    specs = parse_backends("gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,"
+                           "fp8=pycomm-over:gloo:compression=fp8_e4m3:deterministic=1,pycomm-over:nccl")
+    assert specs[1:] == [
+        BackendSpec("layered", "pycomm-over", (), "gloo"),
+        BackendSpec("exact", "pycomm-over", (("deterministic", "exact"),), "gloo"),
+        BackendSpec("fp8", "pycomm-over", (("compression", "fp8_e4m3"), ("deterministic", "1")), "gloo"),
+        BackendSpec("pycomm-over", "pycomm-over", (), "nccl")]
+    assert [s.describe() for s in specs] == [
+        "gloo", "layered=pycomm-over:gloo", "exact=pycomm-over:gloo:deterministic=exact",
+        "fp8=pycomm-over:gloo:compression=fp8_e4m3:deterministic=1", "pycomm-over=pycomm-over:nccl"]
+    assert [device_of(s) for s in specs] == ["cpu", "cpu", "cpu", "cpu", "cuda"]
+    # Always the direct API, options or not; never one side of a dispatch pair.
+    assert [through_direct(s) for s in specs] == [False, True, True, True, True]
+    assert dispatch_pairs(parse_backends("pycomm,l=pycomm-over:gloo:compression=none")) == []
+
+
+def test_layered_rows_against_gloo_and_native(tmp_path):
+    """gloo, pycomm's layered path over a gloo group (three ways) and the native path with
+    the same options, in one run at 3 ranks: the layered results are right and, where the
+    native path must give the same bits (exact mode; fp8 against native twoshot), they do.
+    fp8 rounds some of the check's sums (beyond 16): counted apart, the run still passes."""
+    path = tmp_path / "run.json"
+    proc = bench("--np", "3", "--sizes", "3K", "--collective", "allreduce,reducescatter,allgather",
+                 "--inplace", "1",
+                 "--backends", "gloo,layered=pycomm-over:gloo,lexact=pycomm-over:gloo:deterministic=exact,"
+                 "l8=pycomm-over:gloo:compression=fp8_e4m3,exact=pycomm:deterministic=exact,"
+                 "n8=pycomm:algorithm=twoshot:compression=fp8_e4m3", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "layered=pycomm-over:gloo, lexact=pycomm-over:gloo:deterministic=exact" in proc.stdout
+    rows = {(r["backend"], r["collective"]): r for r in json.loads(path.read_text())["results"]}
+    rounded = sum(r["wrong"] for (label, _), r in rows.items() if label in ("l8", "n8"))
+    assert rounded > 0 and re.search(r"# correctness: all results exact but those of lossy "
+                                     r"compression \(l8, n8\): %d elements rounded" % rounded, proc.stdout)
+    for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+        for label in ("layered", "lexact", "l8"):
+            r = rows[label, coll]
+            assert (r["wrong"] == 0 or label == "l8") and r["repeats_match"] is True and r["time_us"] > 0
+            assert r["x_baseline"] == pytest.approx(r["time_us"] / rows["gloo", coll]["time_us"])
+        assert rows["layered", coll]["relerr"] < 1e-6 and rows["lexact", coll]["relerr"] < 1e-6
+        assert 1e-3 < rows["l8", coll]["relerr"] < 6e-2
+        assert rows["lexact", coll]["hash"] == rows["exact", coll]["hash"]
+        assert rows["l8", coll]["hash"] == rows["n8", coll]["hash"]
 
 
 def compare(old, new):

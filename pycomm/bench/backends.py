@@ -1,10 +1,14 @@
 """The backend table and the ``--backends`` spec syntax.
 
-A spec is ``[label=]kind[:key=value[:key=value...]]``, comma-separated in ``--backends``:
+A spec is ``[label=]kind[:mover][:key=value[:key=value...]]``, comma-separated in
+``--backends`` (``:mover`` for ``pycomm-over`` only, where it is required):
 
     pycomm,gloo                         the default: pycomm against gloo
     gloo,gloo2=gloo                     gloo against itself (a noise floor for the ratios)
     pycomm,ring=pycomm:algorithm=ring   pycomm's default selection against forced ring
+    gloo,layered=pycomm-over:gloo       gloo's own all-reduce against pycomm's layered path
+                                        over a gloo group
+    gloo,fp8=pycomm-over:gloo:compression=fp8_e4m3,exact=pycomm-over:gloo:deterministic=exact
 
 Each spec becomes its own process group (``dist.new_group(backend=kind)``) in the same
 ranks, next to the gloo default group that the harness uses for its own barriers and
@@ -12,6 +16,18 @@ timing reductions. Without options a backend is called through ``torch.distribut
 (what users call); with options through the module's direct API (``pycomm.all_reduce(t,
 ..., algorithm=...)``), which takes the same arguments plus the options and exists for
 all-reduce, reduce-scatter and all-gather only.
+
+``pycomm-over:MOVER`` is pycomm's layered path (pycomm/layered.py): its group is a group
+of the mover's backend (``dist.new_group(backend="gloo")`` for ``pycomm-over:gloo``; the
+mover is a kind of this table with a torch backend other than pycomm, and its device is
+the mover's), and every call goes through pycomm's direct API on that group, options or
+not (``pycomm.all_reduce(t, op, group=<the gloo group>, compression=...,
+deterministic=...)``): pycomm's direct algorithm runs with the mover moving bytes only
+(all_to_all_single, all-gather). Its options are ``compression`` and ``deterministic``;
+``algorithm`` is refused (the layered path has one algorithm). Listed next to the mover
+itself (``gloo,layered=pycomm-over:gloo``), the ratios are the layered path's cost
+against the mover's own collective in the same processes. The layered calls complete
+before they return, so in b2b mode they do not overlap one another.
 
 ``mpi`` is not a torch.distributed backend: it calls mpi4py on the tensors' memory (on a
 duplicate of MPI_COMM_WORLD), so its ranks must be started by mpirun
@@ -59,6 +75,9 @@ class BackendKind:
     direct: Optional[Dict[str, str]] = None  # with options: torch.distributed name -> module's
     dtypes: Optional[Tuple[str, ...]] = None  # None: every dtype of config.DTYPES
     no_in_place: Tuple[str, ...] = ()         # calls it cannot run in place
+    # Kinds it runs over (spec ``kind:MOVER``, required): the group and device are the
+    # mover's, every call goes through ``direct``. (): a backend of its own.
+    movers: Tuple[str, ...] = ()
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
@@ -70,6 +89,9 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun",
                 dtypes=("float32", "int32"), no_in_place=("reduce_scatter_single",)),
     BackendKind("nccl", "cuda", "nccl"),
+    # pycomm's layered path: its direct algorithm over a group of the mover's backend.
+    BackendKind("pycomm-over", "", module="pycomm", options=("compression", "deterministic"),
+                direct=PYCOMM_DIRECT, movers=("gloo", "nccl")),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"
@@ -89,17 +111,28 @@ def parse_backends(text: str) -> List[BackendSpec]:
                              % (kind, item, ", ".join(BACKENDS)))
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", label):
             raise ValueError("bad label %r in %r (letters, digits, _ . + -)" % (label, item))
+        movers, mover = BACKENDS[kind].movers, None
+        if movers:
+            if not opt_items or "=" in opt_items[0]:
+                raise ValueError("backend %r needs the backend that moves its bytes after it, "
+                                 "e.g. %s:%s (movers: %s)" % (kind, kind, movers[0], ", ".join(movers)))
+            mover = opt_items.pop(0)
+            if mover not in movers:
+                raise ValueError("backend %r cannot run over %r in %r (movers: %s)"
+                                 % (kind, mover, item, ", ".join(movers)))
         options = []
         for opt in opt_items:
             key, eq, value = opt.partition("=")
             if not eq or key not in BACKENDS[kind].options:
-                raise ValueError("backend %r takes no option %r (options: %s)"
-                                 % (kind, opt, ", ".join(BACKENDS[kind].options) or "none"))
-            allowed = PYCOMM_OPTIONS.get(key) if kind == "pycomm" else None
+                raise ValueError("backend %r takes no option %r (options: %s)%s"
+                                 % (kind, opt, ", ".join(BACKENDS[kind].options) or "none",
+                                    "; the layered path has one algorithm, pycomm's direct one"
+                                    if movers and key == "algorithm" else ""))
+            allowed = PYCOMM_OPTIONS.get(key) if BACKENDS[kind].module == "pycomm" else None
             if allowed and value not in allowed:
                 raise ValueError("%s=%r: expected one of %s" % (key, value, ", ".join(allowed)))
             options.append((key, value))
-        specs.append(BackendSpec(label, kind, tuple(options)))
+        specs.append(BackendSpec(label, kind, tuple(options), mover))
     if not specs:
         raise ValueError("--backends names no backend")
     labels = [s.label for s in specs]
@@ -110,10 +143,32 @@ def parse_backends(text: str) -> List[BackendSpec]:
     return specs
 
 
+def through_direct(spec: BackendSpec) -> bool:
+    """Whether ``spec``'s calls go through its module's direct API (options given, or a
+    kind that always does: pycomm-over)."""
+    return bool(spec.options) or bool(BACKENDS[spec.kind].movers)
+
+
+def lossy_labels(specs: List[BackendSpec]) -> List[str]:
+    """Labels of the backends whose options compress (``compression`` other than none): the
+    check's integer sums can come back rounded under them (fp8_e4m3 keeps 4 significant
+    bits: 17 is not a code at 3 ranks and up), which does not fail the run."""
+    return [s.label for s in specs if dict(s.options).get("compression", "none") != "none"]
+
+
+def device_of(spec: BackendSpec) -> str:
+    """Where ``spec``'s tensors live ("cuda": one device per local rank): its kind's
+    device, or its mover's."""
+    return BACKENDS[spec.mover or spec.kind].device
+
+
 def unsupported(spec: BackendSpec, call: str, in_place: bool, dtype: str) -> Optional[str]:
     """Why ``spec`` cannot run the torch.distributed function ``call`` (in place or not) on
     ``dtype``, or None when it can."""
     kind = BACKENDS[spec.kind]
+    if kind.movers and call not in kind.direct:
+        return ("%s runs through pycomm's direct API, which has no %s (it has %s): drop that "
+                "collective" % (spec.describe(), call, ", ".join(kind.direct.values())))
     if spec.options and call not in kind.direct:
         return ("%s's options go through its direct API, which has no %s (it has %s): drop "
                 "the options or that collective" % (spec.describe(), call,
@@ -136,7 +191,7 @@ def dispatch_pairs(specs: List[BackendSpec]) -> List[Tuple[str, str]]:
     that is listed both ways, the direct one with neutral options only (e.g. ``pycomm`` and
     ``direct=pycomm:algorithm=auto``): their difference is torch.distributed's dispatch."""
     pairs = []
-    for plain in (s for s in specs if not s.options and BACKENDS[s.kind].options):
+    for plain in (s for s in specs if not through_direct(s) and BACKENDS[s.kind].options):
         direct = next((s for s in specs if s.kind == plain.kind and s.options
                        and set(s.options) <= BACKENDS[s.kind].neutral), None)
         if direct is not None:
@@ -237,7 +292,8 @@ def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
     import torch.distributed as dist
 
     kind = BACKENDS[spec.kind]
-    device = kind.device
+    group_kind = BACKENDS[spec.mover] if spec.mover else kind   # whose group it is
+    device = device_of(spec)
     if device == "cuda":
         device = "cuda:%d" % (local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -248,11 +304,11 @@ def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
                                "--launcher mpirun" % (comm.comm.Get_size(), world))
         return comm
     module = importlib.import_module(kind.module) if kind.module else None  # registers it
-    if kind.dist_backend not in dist.Backend.backend_list:
+    if group_kind.dist_backend not in dist.Backend.backend_list:
         raise RuntimeError("backend %r is not registered with torch.distributed%s"
-                           % (kind.dist_backend, " (importing %r did not register it)"
-                              % kind.module if kind.module else ""))
-    group = dist.new_group(backend=kind.dist_backend, timeout=timeout)
-    if spec.options:
+                           % (group_kind.dist_backend, " (importing %r did not register it)"
+                              % kind.module if kind.module and group_kind is kind else ""))
+    group = dist.new_group(backend=group_kind.dist_backend, timeout=timeout)
+    if through_direct(spec):
         return Comm(spec, group, module, device, kind.direct)
     return Comm(spec, group, dist, device, {})

@@ -1,7 +1,8 @@
 """Command line of ``python -m pycomm.bench`` (nccl-tests flag names where they exist).
 
 Exit status: 0 on success; 1 when the run failed (a rank raised, died or missed the
-deadline: its traceback is printed); 2 when it finished but a check found wrong results;
+deadline: its traceback is printed); 2 when it finished but a check found wrong results
+(not counting backends with lossy compression, whose results may be rounded);
 3 when results are complete but a rank did not tear down cleanly; 64 on bad flags (checked
 before any rank starts, including what a backend cannot run). Under torchrun every rank
 exits with the same status, and a failure is torchrun's to report.
@@ -15,8 +16,8 @@ import shlex
 import sys
 import time
 
-from .backends import (BACKENDS, DEFAULT_BACKENDS, parse_backends, required_launcher,
-                       unsupported)
+from .backends import (BACKENDS, DEFAULT_BACKENDS, device_of, lossy_labels, parse_backends,
+                       required_launcher, unsupported)
 from .collectives import ALIASES, COLLECTIVES, canonical_collectives
 from .config import (MODES, PLACEMENTS, Config, canonical_dtype, canonical_op, parse_bytes,
                      parse_size_list, size_sweep)
@@ -31,8 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m pycomm.bench",
         description="nccl-tests-style benchmark of torch.distributed backends on local "
                     "CPU ranks; every backend runs in the same processes, interleaved.",
-        epilog="Backends spec: [label=]kind[:opt=val...], kinds: %s. Example: "
-               "--backends pycomm,ring=pycomm:algorithm=ring,gloo. See bench/README.md."
+        epilog="Backends spec: [label=]kind[:mover][:opt=val...], kinds: %s. Examples: "
+               "--backends pycomm,ring=pycomm:algorithm=ring,gloo; --backends "
+               "gloo,fp8=pycomm-over:gloo:compression=fp8_e4m3 (pycomm's layered path over a "
+               "gloo group). See bench/README.md."
                % ", ".join(BACKENDS))
     p.add_argument("--np", type=int, default=None, metavar="N",
                    help="local ranks (default 4; under torchrun its WORLD_SIZE)")
@@ -202,12 +205,12 @@ def choose_launcher(choice: str, backends) -> str:
         if module and importlib.util.find_spec(module) is None:
             raise ValueError("backend %s needs the Python module %s (pip install -r "
                              "requirements-bench.txt)" % (b.kind, module))
-        if BACKENDS[b.kind].device == "cuda":
+        if device_of(b) == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise ValueError("backend %s needs a CUDA device; torch %s sees none"
-                                 % (b.kind, torch.__version__))
+                                 % (b.kind + (":" + b.mover if b.mover else ""), torch.__version__))
     return launcher
 
 
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
         write_outputs(cfg, versions, results, outcome["warnings"], elapsed)
     for w in outcome["warnings"]:
         print("pycomm.bench: warning: %s" % w, file=sys.stderr)
-    if report.total_wrong(results):
+    if report.total_wrong(results, lossy_labels(cfg.backends)):
         return 2
     return 3 if outcome["warnings"] else 0
 

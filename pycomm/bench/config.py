@@ -107,13 +107,14 @@ def canonical_op(name: str) -> str:
 class BackendSpec:
     """One backend under test: ``label`` names it in the output, ``kind`` picks the row of
     the backend table, ``options`` are per-call options (pycomm: algorithm, compression,
-    deterministic)."""
+    deterministic), ``mover`` the kind whose group moves the bytes (pycomm-over only)."""
     label: str
     kind: str
     options: Tuple[Tuple[str, str], ...] = ()
+    mover: Optional[str] = None
 
     def describe(self) -> str:
-        opts = "".join(":%s=%s" % kv for kv in self.options)
+        opts = (":" + self.mover if self.mover else "") + "".join(":%s=%s" % kv for kv in self.options)
         if self.label == self.kind and not opts:
             return self.kind
         return "%s=%s%s" % (self.label, self.kind, opts)

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .backends import dispatch_pairs
+from .backends import dispatch_pairs, lossy_labels
 from .config import MODES, Config, format_bytes
 
 # The summary's size classes: (name, size, what is quoted).
@@ -349,17 +349,27 @@ def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str
     return "\n".join(["#"] + lines) if lines else ""
 
 
-def total_wrong(results: List[dict]) -> int:
-    return sum(r["wrong"] for r in results if r["wrong"] > 0)
+def total_wrong(results: List[dict], lossy=()) -> int:
+    """Wrong elements of the backends not in ``lossy`` (labels of lossily compressed
+    backends, whose results may be off the exact sum: see backends.lossy_labels)."""
+    return sum(r["wrong"] for r in results if r["wrong"] > 0 and r["backend"] not in lossy)
 
 
 def correctness(cfg: Config, results: List[dict]) -> str:
     if not cfg.check:
         return ""
-    wrong = total_wrong(results)
+    lossy = lossy_labels(cfg.backends)
+    wrong = total_wrong(results, lossy)
+    off = {r["backend"] for r in results if r["backend"] in lossy and r["wrong"] > 0}
     unstable = [r for r in results if False in (r["ranks_match"], r["repeats_match"])]
-    lines = ["# correctness: %s" % ("all results exact" if wrong == 0 else
-                                    "%d WRONG elements (see #wrong) -- FAILED" % wrong)]
+    rounded = ("lossy compression (%s): %d elements rounded off the exact result, as a codec "
+               "may (see relerr)" % (", ".join(sorted(off)), total_wrong(
+                   [r for r in results if r["backend"] in off]))) if off else ""
+    if wrong:
+        verdict = "%d WRONG elements (see #wrong) -- FAILED" % wrong + ("; " + rounded if off else "")
+    else:
+        verdict = "all results exact but those of " + rounded if off else "all results exact"
+    lines = ["# correctness: %s" % verdict]
     if unstable:
         lines.append("# determinism: %d rows whose hash differs across ranks or repeats "
                      "(ranks/repeats = DIFF)" % len(unstable))
