@@ -1,15 +1,17 @@
 """All-reduce across a slow link between simulated hosts: hierarchical against flat ring,
-compressed against uncompressed, pycomm against gloo.
+compressed against uncompressed, pycomm against gloo, pycomm's layered path over gloo.
 
     .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
-        [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo]
+        [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3]
 
 Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (tests/_netns.py; root
 only), every host's link limited to --rate by tc tbf on the host side of its veth (its
 egress, so both directions of the link between the two hosts), and runs one torchrun job
 across them. Each rank times float32 SUM all-reduce of --size bytes through
 pycomm.all_reduce(t, algorithm=A, compression=C) for every variant A[+C] of --algorithms
-(or dist.all_reduce on a gloo group for "gloo"): one warm-up call each,
+(or dist.all_reduce on a gloo group for "gloo", and pycomm.all_reduce(t, group=<that gloo
+group>, compression=C) for "layered[+C]": pycomm's layered path, its direct algorithm with
+gloo moving the bytes, pycomm/layered.py): one warm-up call each,
 then --repeats rounds, the algorithms interleaved within each round, a barrier on a gloo
 group before every timed call. A call's time is the slowest rank's; the median over the
 rounds is reported with nccl-tests' algbw = S/t and busbw = S/t * 2(n-1)/n, and the ratio
@@ -25,6 +27,18 @@ host's L ranks all-reduces an S/L shard with its peers on the other hosts, sendi
 2(N-1)/N S/L, i.e. 2(N-1)/N S per host egress. When the link is the bottleneck,
 hierarchical/ring <= (n-1)/n / ((N-1)/N): 1.5 for 2 x 2, 1.67 for 2 x 3, 1.75 for 2 x 4,
 tending to 2 as L grows; reaching it needs the intra-host phases hidden behind the transfer.
+
+The layered path is pycomm's direct algorithm over the mover: an all_to_all_single in
+which every rank sends S/n to every other rank, so each host's egress carries
+L (n-L) S/n = L (N-1)/N S, then gloo's all-gather of the n results of S/n, a ring that
+carries (n-1)/n S over each host's link. On 2 x 2 that is S + 3/4 S = 1.75 S per host
+egress, against 1.5 S for gloo's ring all-reduce; under a codec about 3.9x less
+(fp8_e4m3: one byte per element and a 4-byte scale per block), 0.45 S. Its steps run one
+after another (encode, all-to-all, fold, all-gather, decode): nothing overlaps the
+transfer, so the CPU work adds to it. For every layered variant the report splits each
+rank's time per call into those steps (``phases_ms``: the mover's collectives, waiting
+for the slowest peer included, and pycomm's encode, fold and decode), timed by wrapping
+the layered path's two step functions (``_Call.move``, ``_Call.fold``) in the ranks.
 
 An algorithm pycomm does not have yet is reported as such (no traceback). Exit status:
 0 when the job ran and every result was right, 1 otherwise, 2 when namespaces cannot be
@@ -67,6 +81,54 @@ def human(n):
 # rank side (run by torchrun inside a host namespace)
 # ---------------------------------------------------------------------------------------
 
+# The layered path's steps, in the order they run.
+PHASES = ("encode", "all_to_all_single", "fold", "fold+encode", "all_gather", "decode")
+
+
+class LayeredPhases:
+    """Seconds this rank spends in each step of the layered calls since ``reset()``: the
+    mover's collectives (``_Call.move``: all_to_all_single, the all-gather) and pycomm's
+    CPU work (``_Call.fold``: encode, fold, fold+encode, decode), timed by wrapping the
+    two methods of pycomm.layered._Call in this process."""
+
+    def __init__(self):
+        from pycomm import layered
+
+        self.spent = {}
+        move, fold = layered._Call.move, layered._Call.fold
+        Form, Stage = layered.Form, layered.Stage
+
+        def timed_move(call, what, *args):
+            start = time.perf_counter()
+            try:
+                return move(call, what, *args)
+            finally:
+                self.add("all_to_all_single" if what == "all_to_all_single" else "all_gather", start)
+
+        def timed_fold(call, out, terms, forms, count, stage, op=None):
+            start = time.perf_counter()
+            try:
+                return fold(call, out, terms, forms, count, stage, op)
+            finally:
+                if stage == Stage.Encoded:
+                    phase = "encode"
+                elif stage == Stage.FinalEncoded:
+                    phase = "fold+encode"
+                elif len(terms) == 1 and forms[0] == Form.Encoded:
+                    phase = "decode"
+                else:
+                    phase = "fold"
+                self.add(phase, start)
+
+        layered._Call.move, layered._Call.fold = timed_move, timed_fold
+
+    def add(self, phase, start):
+        self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start
+
+    def reset(self):
+        self.spent = {}
+
+
 def worker(args):
     import datetime
     import faulthandler
@@ -87,18 +149,27 @@ def worker(args):
     want = float(n * (n + 1) // 2)  # small integers: exact under every codec too
 
     def all_reduce(variant, x):
+        algorithm, _, codec = variant.partition("+")
         if variant == "gloo":
             dist.all_reduce(x, group=gloo)
+        elif algorithm == "layered":  # pycomm's direct algorithm, gloo moving the bytes
+            pycomm.all_reduce(x, group=gloo, compression=codec or None)
         else:
-            algorithm, _, codec = variant.partition("+")
             pycomm.all_reduce(x, algorithm=algorithm, compression=codec or None)
 
-    def timed(a):
+    phases = LayeredPhases()
+    spent = {a: {} for a in algorithms}  # variant -> phase -> seconds over the timed calls
+
+    def timed(a, record=True):
         t.fill_(rank + 1)
         dist.barrier(group=gloo)
+        phases.reset()
         start = time.perf_counter()
         all_reduce(a, t)
         elapsed = time.perf_counter() - start
+        if record:
+            for phase, seconds in phases.spent.items():
+                spent[a][phase] = spent[a].get(phase, 0.0) + seconds
         # The check allocates and compares a whole tensor: only once every rank has
         # finished, so that it never competes for the cores with a rank still timed.
         dist.barrier(group=gloo)
@@ -114,7 +185,7 @@ def worker(args):
         return ((x.double() - ref).norm() / ref.norm()).item()
 
     for a in algorithms:
-        timed(a)
+        timed(a, record=False)
     times = torch.zeros(len(algorithms), args.repeats, dtype=torch.float64)
     wrong = torch.zeros(len(algorithms), dtype=torch.int64)
     # Each round starts with the next algorithm, so that none always follows the same one
@@ -127,10 +198,17 @@ def worker(args):
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)   # a call ends with its slowest rank
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=gloo)
     errors = [error(a) for a in algorithms]
+    every = [None] * n
+    dist.all_gather_object(every, spent, group=gloo)
     if rank == 0:
         out = {"world": n,
                "results": {a: {"times_s": times[i].tolist(), "wrong": int(wrong[i]), "rel_rms_error": errors[i]}
                            for i, a in enumerate(algorithms)}}
+        for a in algorithms:  # ms per call on each rank, by step (layered variants)
+            if any(every[r][a] for r in range(n)):
+                out["results"][a]["phases_ms"] = {
+                    phase: [every[r][a].get(phase, 0.0) * 1e3 / args.repeats for r in range(n)]
+                    for phase in sorted({p for r in range(n) for p in every[r][a]}, key=PHASES.index)}
         print(RESULT_TAG + json.dumps(out), flush=True)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
@@ -167,6 +245,8 @@ def summarize(args, raw, describe):
         rows[a] = {"median_s": t, "times_s": r["times_s"], "algbw_GBps": args.size / t / 1e9,
                    "busbw_GBps": args.size / t / 1e9 * factor, "wrong": r["wrong"],
                    "rel_rms_error": r["rel_rms_error"]}
+        if "phases_ms" in r:  # per rank, ms per call
+            rows[a]["phases_ms"] = r["phases_ms"]
     for peer in ("auto", "gloo"):  # busbw of every variant over the peer's, same run
         if peer in rows:
             for r in rows.values():
@@ -174,11 +254,12 @@ def summarize(args, raw, describe):
     ratio = None
     if "ring" in rows and "hierarchical" in rows:
         ratio = rows["hierarchical"]["busbw_GBps"] / rows["ring"]["busbw_GBps"]
+    layered = {a: r["x_gloo"] for a, r in rows.items() if a.startswith("layered") and "x_gloo" in r}
     return {"hosts": args.hosts, "ranks_per_host": args.nproc, "world": n, "rate": args.rate,
             "link_bound": link_bound(args.hosts, n),
             "size_bytes": args.size, "dtype": "float32", "op": "sum", "repeats": args.repeats,
             "topology": describe, "results": rows,
-            "hierarchical_over_ring_busbw": ratio}
+            "hierarchical_over_ring_busbw": ratio, "layered_over_gloo_busbw": layered or None}
 
 
 def report(s):
@@ -199,6 +280,17 @@ def report(s):
                                          "%.2fx" % s["link_bound"] if s["link_bound"] else "n/a"))
     else:
         lines.append("hierarchical/ring busbw: n/a (needs both ring and hierarchical in --algorithms)")
+    for a, x in (s.get("layered_over_gloo_busbw") or {}).items():
+        lines.append("%s/gloo busbw: %.2fx%s" % (a, x, " (target >= 3x for fp8_e4m3)" if a.endswith("fp8_e4m3") else ""))
+    phased = [(a, r["phases_ms"]) for a, r in s["results"].items() if "phases_ms" in r]
+    if phased:
+        lines.append("layered steps, ms per call (mean over the rounds), mean over ranks (max over ranks); "
+                     "the mover's steps include waiting for peers:")
+        lines.append("%-18s %10s  %s" % ("variant", "time_ms", "  ".join("%-17s" % p for p in PHASES)))
+        for a, phases in phased:
+            cells = ["%7.1f (%7.1f)" % (statistics.mean(phases[p]), max(phases[p])) if p in phases
+                     else "%17s" % "-" for p in PHASES]
+            lines.append("%-18s %10.1f  %s" % (a, s["results"][a]["median_s"] * 1e3, "  ".join(cells)))
     return "\n".join(lines)
 
 
@@ -245,7 +337,8 @@ def main():
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--algorithms", default="ring,hierarchical,auto",
-                    help="variants: a pycomm algorithm, algorithm+codec (auto+fp8_e4m3), or gloo")
+                    help="variants: a pycomm algorithm, algorithm+codec (auto+fp8_e4m3), gloo, or "
+                         "layered[+codec] (pycomm's layered path over the gloo group)")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2, help="ranks per host")
     ap.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=1,
