@@ -83,6 +83,23 @@ class LayeredWork:
         return self._future
 
 
+def kernels_for(device, choice):
+    """The fold (``_C.fold``'s contract) for tensors on ``device``: the CPU ops for CPU
+    tensors; for CUDA tensors, pycomm's CUDA kernels or its Triton kernels as
+    ``choice`` (PYCOMM_KERNELS: auto, cuda, triton) says, auto taking the CUDA kernels
+    where pycomm was built with them."""
+    if device.type != "cuda" or (choice == "cuda" or (choice == "auto" and _C.has_cuda)):
+        if device.type == "cuda" and not _C.has_cuda:
+            raise ValueError("pycomm: PYCOMM_KERNELS=cuda, and this pycomm was built without CUDA kernels")
+        return _C.fold
+    try:
+        from . import triton_kernels
+    except ImportError as e:
+        raise ValueError("pycomm: CUDA tensors need pycomm's CUDA build or its Triton kernels, and triton cannot be "
+                         f"imported ({e}); install it, e.g. pip install 'pycomm[triton]'") from e
+    return triton_kernels.fold
+
+
 class _GroupRecord:
     """This rank's counters and last operation of the layered calls on one group, in the
     shape of a pycomm group's ``stats()``."""
@@ -118,12 +135,10 @@ class _Call:
 
     def __init__(self, collective, group, like, op, nbytes, compression, deterministic):
         self.group, self.dtype, self.op = group, like.dtype, op
-        self.codec, self.block, self.determinism, self.log_level = _C.layered_options(
-            collective, like.dtype, op, compression or "", deterministic or "")
-        self.exact = self.determinism == "exact"
-        if like.is_cuda and not _C.has_cuda:
-            raise ValueError("pycomm: the layered path on CUDA tensors needs pycomm's CUDA kernels, and this "
-                             "pycomm was built without nvcc (no Triton kernels are available either)")
+        options = _C.layered_options(collective, like.dtype, op, compression or "", deterministic or "")
+        self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
+        self.log_level, self.exact = options.log_level, options.determinism == "exact"
+        self.kernel = kernels_for(like.device, options.kernels)
         self.record = record_of(group, like.device)
         self.rank, self.size = self.record.rank, self.record.size
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
@@ -149,8 +164,8 @@ class _Call:
 
     def fold(self, out, terms, forms, count, stage, op=None):
         if count:
-            _C.fold(out, terms, forms, self.dtype, count, self.op if op is None else op, self.size, self.exact,
-                    self.codec, self.block, stage)
+            self.kernel(out, terms, forms, self.dtype, count, self.op if op is None else op, self.size, self.exact,
+                        self.codec, self.block, stage)
 
     def end(self, failure=None):
         seconds = time.perf_counter() - self.started
@@ -192,6 +207,12 @@ def _settle(t, flat):
         t.copy_(flat.view(t.shape))
 
 
+def _slot(nbytes):
+    """Room for an encoded piece in a buffer of several: a multiple of 16 bytes, so that
+    every piece starts aligned for the kernels (whose scales are read as float32)."""
+    return -(-nbytes // 16) * 16
+
+
 def _pieces(buffer, sizes):
     """``buffer`` cut into consecutive pieces of ``sizes`` elements."""
     offsets = [0, *itertools.accumulate(sizes)]
@@ -212,16 +233,16 @@ def _exchange(call, flat, begins, element_bytes):
                   [length * element_bytes for length in lengths])
         pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
         return [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
-    encoded = [0 if s == r else _C.encoded_size(call.codec, call.block, lengths[s]) for s in range(n)]
-    send = torch.empty(sum(encoded), dtype=torch.uint8, device=flat.device)
-    for s, piece in enumerate(_pieces(send, encoded)):
+    encoded = [_C.encoded_size(call.codec, call.block, length) for length in lengths]
+    outgoing = [0 if s == r else _slot(encoded[s]) for s in range(n)]
+    send = torch.empty(sum(outgoing), dtype=torch.uint8, device=flat.device)
+    for s, piece in enumerate(_pieces(send, outgoing)):
         if s != r:
-            call.fold(piece, [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
-    mine_encoded = _C.encoded_size(call.codec, call.block, lengths[r])
-    incoming = [0 if p == r else mine_encoded for p in range(n)]
+            call.fold(piece[:encoded[s]], [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
+    incoming = [0 if p == r else _slot(encoded[r]) for p in range(n)]
     recv = torch.empty(sum(incoming), dtype=torch.uint8, device=flat.device)
-    call.move("all_to_all_single", recv, send, incoming, encoded)
-    pieces = _pieces(recv, incoming)
+    call.move("all_to_all_single", recv, send, incoming, outgoing)
+    pieces = [piece[:encoded[r]] for piece in _pieces(recv, incoming)]
     return ([mine if p == r else pieces[p] for p in range(n)],
             [Form.Input if p == r else Form.Encoded for p in range(n)])
 
@@ -239,7 +260,7 @@ def all_reduce(tensor, op, group, compression, deterministic, async_op):
     # Step 3 writes this rank's result (encoded under a codec) into a piece padded to the
     # longest segment's (segment 0's), the size every rank gives the all-gather.
     piece = (lambda m: _C.encoded_size(call.codec, call.block, m)) if coded else (lambda m: m * es)
-    width = piece(lengths[0])
+    width = _slot(piece(lengths[0])) if coded else piece(lengths[0])
     result = torch.zeros(width, dtype=torch.uint8, device=flat.device)
     call.fold(result[:piece(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
     if not coded and count == n * lengths[0]:  # equal segments: gathered straight into place
@@ -296,11 +317,11 @@ def all_gather_into_tensor(output, input, group, compression, deterministic, asy
         call.move(_ALL_GATHER, out, flat_in)
     else:
         size = _C.encoded_size(call.codec, call.block, count)
-        mine = torch.empty(size, dtype=torch.uint8, device=out.device)
-        call.fold(mine, [flat_in], [Form.Input], count, Stage.Encoded)
-        gathered = torch.empty(n * size, dtype=torch.uint8, device=out.device)
+        mine = torch.zeros(_slot(size), dtype=torch.uint8, device=out.device)
+        call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
+        gathered = torch.empty(n * mine.numel(), dtype=torch.uint8, device=out.device)
         call.move(_ALL_GATHER, gathered, mine)
-        for s, block in enumerate(_pieces(gathered, [size] * n)):
-            call.fold(out[s * count:(s + 1) * count], [block], [Form.Encoded], count, Stage.Final)
+        for s, block in enumerate(_pieces(gathered, [mine.numel()] * n)):
+            call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)
     _settle(output, out)
     return call.work(output, async_op)

@@ -55,9 +55,8 @@ void check_operand(const at::Tensor& t, const at::Device& device, size_t bytes, 
 
 }  // namespace
 
-std::tuple<std::string, int64_t, std::string, int> layered_options(const std::string& collective, at::ScalarType dtype,
-                                                              const c10d::ReduceOp& op, const std::string& compression,
-                                                              const std::string& determinism) {
+LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
+                               const std::string& compression, const std::string& determinism) {
   const Collective c = parse_layered_collective(collective);
   return run([&] {
     const Config config = Config::from_env();
@@ -66,9 +65,20 @@ std::tuple<std::string, int64_t, std::string, int> layered_options(const std::st
     if (!determinism.empty()) o.determinism = parse_determinism(determinism);
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
-    o.compression = applied_compression(c, t, o.compression);
-    return std::make_tuple(std::string(name_of(o.compression)), static_cast<int64_t>(config.compression_block),
-                           std::string(name_of(o.determinism)), static_cast<int>(config.log_level));
+    static const char* const kKernels[] = {"auto", "cuda", "triton"};
+    return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
+                          static_cast<int64_t>(config.compression_block), name_of(o.determinism),
+                          static_cast<int>(config.log_level), kKernels[static_cast<int>(config.kernels)]};
+  });
+}
+
+std::tuple<std::string, double> reduction_of(const c10d::ReduceOp& op, at::ScalarType dtype) {
+  return run([&] {
+    const DataType t = to_core(dtype);
+    Reduction r = to_core(op);
+    check_reducible(t, r);
+    r = normalized(t, r);
+    return std::make_tuple(std::string(name_of(r.kind)), r.premul);
   });
 }
 

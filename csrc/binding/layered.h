@@ -18,15 +18,24 @@
 
 namespace pycomm {
 
-// (codec, block, determinism, log level) of a call of `collective` ("allreduce", "reduce_scatter",
-// "allgather") on `dtype` with `op`: the per-call values where given (non-empty) over the
-// group-wide knobs (PYCOMM_COMPRESSION, PYCOMM_DETERMINISTIC, PYCOMM_COMPRESSION_BLOCK),
-// the dtype and op checked and the codec dropped where it does not apply, exactly as a
-// pycomm group decides. codec is "none" when the call runs uncompressed; determinism is
-// "0", "1" or "exact"; log level is PYCOMM_DEBUG's: 0 WARN, 1 INFO, 2 TRACE.
-std::tuple<std::string, int64_t, std::string, int> layered_options(const std::string& collective, at::ScalarType dtype,
-                                                              const c10d::ReduceOp& op, const std::string& compression,
-                                                              const std::string& determinism);
+// What a call runs with, decided as a pycomm group decides: the per-call values where
+// given (non-empty) over the group-wide knobs, the dtype and op checked, the codec dropped
+// where it does not apply.
+struct LayeredOptions {
+  std::string codec;        // "none" when the call runs uncompressed
+  int64_t block = 0;        // PYCOMM_COMPRESSION_BLOCK
+  std::string determinism;  // "0", "1" or "exact"
+  int log_level = 0;        // PYCOMM_DEBUG: 0 WARN, 1 INFO, 2 TRACE
+  std::string kernels;      // PYCOMM_KERNELS: "auto", "cuda" or "triton"
+};
+// The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
+// `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.
+LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
+                               const std::string& compression, const std::string& determinism);
+
+// (kind, factor) of `op` on `dtype` as the core reduces it (bool SUM is MAX, ...): kind is
+// the core's name ("sum", "avg", "premul_sum", ...), factor PREMUL_SUM's (else 1).
+std::tuple<std::string, double> reduction_of(const c10d::ReduceOp& op, at::ScalarType dtype);
 
 // The first element of each of `parts` segments of `count` elements cut in whole units
 // of `unit` (the codec block where whole blocks must stay together), and `count` last.

@@ -81,8 +81,15 @@ PYBIND11_MODULE(_C, m) {
       .value("Final", pycomm::Stage::Final)
       .value("Encoded", pycomm::Stage::Encoded)
       .value("FinalEncoded", pycomm::Stage::FinalEncoded);
+  py::class_<pycomm::LayeredOptions>(m, "LayeredOptions")
+      .def_readonly("codec", &pycomm::LayeredOptions::codec)
+      .def_readonly("block", &pycomm::LayeredOptions::block)
+      .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
+      .def_readonly("log_level", &pycomm::LayeredOptions::log_level)
+      .def_readonly("kernels", &pycomm::LayeredOptions::kernels);
   m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
         py::arg("compression"), py::arg("determinism"));
+  m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));
   m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
   m.def("encoded_size", &pycomm::encoded_size, py::arg("codec"), py::arg("block"), py::arg("count"));
   m.def("fold", &pycomm::fold, py::arg("out"), py::arg("terms"), py::arg("forms"), py::arg("dtype"), py::arg("count"),

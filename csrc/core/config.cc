@@ -23,6 +23,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_CUDA_CHUNK_BYTES", "4194304", "Payload bytes per slot between ranks' CUDA memory on one host (CUDA IPC): the pipelining chunk of collectives on CUDA tensors."},
       {"PYCOMM_CUDA_FLAG_BYTES", "65536", "One-shot all-reduces on CUDA tensors of at most this many bytes, in a group whose ranks all share one host and map each other's CUDA memory, run as one kernel per rank that synchronizes with its peers through flags in device memory, with no host thread in between; 0: always host-driven."},
       {"PYCOMM_CUDA_FLAGS", "auto", "Where the flag-synchronized one-shot runs: auto (when the ranks' kernels can run at the same time: each rank on its own GPU, or GPUs shared through MPS) or always (also where processes time-slice one GPU: right, but every wait lasts a time slice)."},
+      {"PYCOMM_KERNELS", "auto", "Kernels for CUDA tensors where pycomm reduces over another backend (the layered path): auto (pycomm's CUDA kernels in a CUDA build, else its Triton kernels), cuda or triton."},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576", "Payload bytes per TCP frame: the pipelining chunk."},
       {"PYCOMM_PIPELINE_DEPTH", "4", "Slots per channel direction (frames in flight between two ranks), 2 to 64."},
       {"PYCOMM_EAGER_BYTES", "65536", "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread."},
@@ -110,6 +111,11 @@ Config Config::from_env() {
   c.tcp_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_TCP_CHUNK_BYTES", 4096, 64 << 20));
   c.cuda_chunk_bytes = static_cast<size_t>(int_knob("PYCOMM_CUDA_CHUNK_BYTES", 4096, 256 << 20));
   c.cuda_flag_bytes = static_cast<size_t>(int_knob("PYCOMM_CUDA_FLAG_BYTES", 0, 64 << 20));
+  const std::string kernels = knob_value("PYCOMM_KERNELS");
+  if (kernels == "auto") c.kernels = KernelChoice::Auto;
+  else if (kernels == "cuda") c.kernels = KernelChoice::Cuda;
+  else if (kernels == "triton") c.kernels = KernelChoice::Triton;
+  else fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_KERNELS='" + kernels + "' (expected auto|cuda|triton)");
   const std::string flags = knob_value("PYCOMM_CUDA_FLAGS");
   if (flags != "auto" && flags != "always")
     fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_CUDA_FLAGS='" + flags + "' (expected auto|always)");

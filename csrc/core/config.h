@@ -20,6 +20,7 @@ const std::vector<Knob>& knobs();
 
 enum class TransportChoice : uint8_t { Auto, Shm, Tcp };
 enum class LogLevel : uint8_t { Warn, Info, Trace };
+enum class KernelChoice : uint8_t { Auto, Cuda, Triton };
 
 constexpr int kCollectiveCount = static_cast<int>(Collective::Barrier) + 1;
 
@@ -41,6 +42,7 @@ struct Config {
   size_t cuda_chunk_bytes = 0;
   size_t cuda_flag_bytes = 0;         // the largest flag-synchronized all-reduce on CUDA (0: none)
   bool cuda_flags_time_sliced = false; // ... also where ranks time-slice one GPU
+  KernelChoice kernels = KernelChoice::Auto;  // CUDA tensors on the layered path
   int pipeline_depth = 0;             // slots per channel direction
   size_t eager_bytes = 0;             // asynchronous collectives this small run at once
   size_t compression_block = 0;       // elements per scale of the scaled codecs

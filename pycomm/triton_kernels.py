@@ -1,0 +1,403 @@
+"""pycomm's reductions and codecs as Triton kernels, for CUDA tensors where pycomm was
+built without nvcc: the same contract as the device ops' ``reduce_terms``
+(csrc/device/device_ops.h) and the same bits as the CPU ops (csrc/device/cpu_ops.cc),
+element for element. Tested on the CPU under ``TRITON_INTERPRET=1``.
+
+Exactness rules, which make the interpreter, the GPU and the CPU compute the same bits:
+
+* Every conversion between formats is written with integer bit operations, as
+  core/numerics.h writes it (round to nearest even; NaN and infinities as there), never
+  with Triton's casts to 8- and 16-bit floats (which round differently for float8).
+  Widening (16-bit float to float32, float32 to float64) and float64 to float32 (round to
+  nearest even) are exact or correctly rounded everywhere, and are Triton's own.
+* No fused multiply-add: kernels are launched with ``enable_fp_fusion=False``. (Every
+  product that meets an add here is an exact power-of-two scaling anyway.)
+* The same accumulation order: terms are folded left in the order given, in float32 for
+  16-bit data (float64 for float64 data, the type itself for integers); exact mode adds
+  grid steps, integers held exactly in float64, in any order, as the CPU does.
+* Float32 arithmetic keeps subnormals (Triton does not flush float32 adds and multiplies).
+
+One kernel, :func:`_fold_kernel`, specialized per term forms, reduction, stage, codec and
+mode, serves every call: a program folds one tile (a codec block, or 1024 elements) of
+every term. Exact mode for float64 data (128-bit integer sums on the CPU) has no Triton
+kernel: it raises.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _C
+
+Form, Stage = _C.Form, _C.Stage
+
+# ---- conversions (core/numerics.h) ----
+
+
+@triton.jit
+def _f32_bits(v):
+    return v.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _f32(bits):
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _half_bits(f):
+    x = _f32_bits(f)
+    sign = (x >> 16) & 0x8000
+    ax = x & 0x7FFFFFFF
+    special = tl.where(ax > 0x7F800000, 0x7E00, 0x7C00).to(tl.uint32)
+    sub = _f32_bits(_f32(ax) + 0.5) - 0x3F000000
+    normal = (ax + 0xC8000FFF + ((ax >> 13) & 1)) >> 13
+    r = tl.where(ax >= 0x47800000, special, tl.where(ax < 0x38800000, sub, normal))
+    return sign | r
+
+
+@triton.jit
+def _from_half_bits(h):
+    sign = (h & 0x8000) << 16
+    em = h & 0x7FFF
+    special = 0x7F800000 | ((em & 0x3FF) << 13)
+    normal = (em << 13) + 0x38000000
+    sub = _f32_bits(em.to(tl.int32).to(tl.float32) * 5.9604644775390625e-8)
+    return _f32(sign | tl.where(em >= 0x7C00, special, tl.where(em >= 0x400, normal, sub)))
+
+
+@triton.jit
+def _bf16_bits(f):
+    x = _f32_bits(f)
+    rounded = (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+    return tl.where((x & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded).to(tl.uint32)
+
+
+@triton.jit
+def _from_bf16_bits(b):
+    return _f32(b << 16)
+
+
+@triton.jit
+def _fp8_bits_from_finite(f, E: tl.constexpr, M: tl.constexpr):
+    BIAS: tl.constexpr = (1 << (E - 1)) - 1
+    MIN_NORMAL: tl.constexpr = (127 + 1 - BIAS) << 23
+    MAGIC: tl.constexpr = (127 + 1 - BIAS + 23 - M) << 23
+    x = _f32_bits(f)
+    sign = (x >> 24) & 0x80
+    ax = x & 0x7FFFFFFF
+    magic = tl.full(ax.shape, MAGIC, tl.uint32)
+    sub = _f32_bits(_f32(ax) + _f32(magic)) - MAGIC
+    rounded = ax + ((1 << (22 - M)) - 1) + ((ax >> (23 - M)) & 1)
+    normal = (rounded >> (23 - M)) - ((127 - BIAS) << M)
+    return sign | tl.where(ax < MIN_NORMAL, sub, normal)
+
+
+@triton.jit
+def _from_fp8_finite(c, E: tl.constexpr, M: tl.constexpr):
+    BIAS: tl.constexpr = (1 << (E - 1)) - 1
+    SUB_ULP: tl.constexpr = (127 + 1 - BIAS - M) << 23
+    sign = (c & 0x80) << 24
+    em = c & 0x7F
+    normal = (em << (23 - M)) + ((127 - BIAS) << 23)
+    sub = _f32_bits(em.to(tl.int32).to(tl.float32) * _f32(tl.full(em.shape, SUB_ULP, tl.uint32)))
+    return _f32(sign | tl.where(em < (1 << M), sub, normal))
+
+
+# Codecs, numbered as core/types.h numbers Compression: 1 fp16, 2 bf16, 3 fp8_e4m3,
+# 4 fp8_e5m2. Per codec: its code's bytes, whether blocks are scaled, its target (the
+# largest magnitude a scaled finite value may have).
+_CODECS = {"fp16": 1, "bf16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
+
+
+@triton.jit
+def _code_target(CODEC: tl.constexpr):
+    """The codec's target, and its exponent (the target is m * 2^t, m in [1, 2))."""
+    if CODEC == 1:
+        return 65504.0, 15
+    elif CODEC == 2:
+        return 3.4028234663852886e38, 127
+    elif CODEC == 3:
+        return 416.0, 8
+    else:
+        return 57344.0, 15
+
+
+@triton.jit
+def _encode(v, CODEC: tl.constexpr):
+    """The code of a scaled value, widened to uint32."""
+    if CODEC == 1:
+        return _half_bits(v)
+    elif CODEC == 2:
+        return _bf16_bits(v)
+    else:
+        E: tl.constexpr = 4 if CODEC == 3 else 5
+        M: tl.constexpr = 3 if CODEC == 3 else 2
+        INF: tl.constexpr = 0x7E if CODEC == 3 else 0x7C
+        x = _f32_bits(v)
+        ax = x & 0x7FFFFFFF
+        finite = _fp8_bits_from_finite(v, E, M)
+        inf = ((x >> 24) & 0x80) | INF
+        return tl.where(ax > 0x7F800000, 0x7F, tl.where(ax == 0x7F800000, inf, finite)).to(tl.uint32)
+
+
+@triton.jit
+def _decode(c, CODEC: tl.constexpr):
+    if CODEC == 1:
+        return _from_half_bits(c)
+    elif CODEC == 2:
+        return _from_bf16_bits(c)
+    else:
+        E: tl.constexpr = 4 if CODEC == 3 else 5
+        M: tl.constexpr = 3 if CODEC == 3 else 2
+        INF: tl.constexpr = 0x7E if CODEC == 3 else 0x7C
+        sign = (c & 0x80) << 24
+        finite = _f32_bits(_from_fp8_finite(c, E, M))
+        em = c & 0x7F
+        return _f32(tl.where(em > INF, 0x7FC00000, tl.where(em == INF, sign | 0x7F800000, finite)))
+
+
+@triton.jit
+def _pow2(e):
+    """2^e for an integer e in [-126, 127]."""
+    return _f32(((127 + e) << 23).to(tl.uint32))
+
+
+@triton.jit
+def _block_scale(amax, CODEC: tl.constexpr):
+    """core/numerics.h block_scale: the smallest 2^e, e in [-126, 126], with
+    amax / 2^e <= target; 1 without finite non-zeros, and for bf16."""
+    target, t = _code_target(CODEC)
+    p = ((_f32_bits(amax) >> 23) & 0xFF).to(tl.int32) - 127
+    e = tl.minimum(tl.maximum(p - t - 1, -126), 126)
+    for _ in tl.static_range(3):  # at most two steps from p - t - 1 (numerics.h)
+        e = tl.where((e < 126) & (amax * _pow2(-e) > target), e + 1, e)
+    scaled = (CODEC != 2) & (amax > 0.0)
+    return tl.where(scaled, _pow2(e), 1.0)
+
+
+@triton.jit
+def _inverse_scale(scale):
+    return _f32((254 << 23) - _f32_bits(scale))
+
+
+@triton.jit
+def _magnitude(v):
+    return (_f32_bits(v) & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _finite_magnitude(v):
+    a = _magnitude(v)
+    return tl.where(a >= 0x7F800000, 0, a)
+
+
+@triton.jit
+def _codes(v, amax, scale, CODEC: tl.constexpr):
+    """Codes of v with its block's scale; finite values whose code would decode to
+    infinity saturate one code down (numerics.h saturated_code)."""
+    inv = _inverse_scale(scale)
+    codes = _encode(v * inv, CODEC)
+    may_overflow = _magnitude(_decode(_encode(amax * inv, CODEC), CODEC) * scale) == 0x7F800000
+    overflows = _magnitude(_decode(codes, CODEC) * scale) == 0x7F800000
+    saturate = may_overflow & overflows & (_magnitude(v) < 0x7F800000)
+    return tl.where(saturate, codes - 1, codes)
+
+
+@triton.jit
+def _block_amax(v, mask):
+    """The largest finite magnitude of each row (a codec block) of v, as a column."""
+    return _f32(tl.max(tl.where(mask, _finite_magnitude(v), 0), axis=1).to(tl.uint32))[:, None]
+
+
+@triton.jit
+def _quantize(v, mask, CODEC: tl.constexpr):
+    """decode(encode(v)) of each row (a codec block; the lanes of mask)."""
+    amax = _block_amax(v, mask)
+    scale = _block_scale(amax, CODEC)
+    return _decode(_codes(v, amax, scale, CODEC), CODEC) * scale
+
+
+# ---- the fold ----
+
+# Reductions, numbered as core/types.h numbers ReduceKind.
+_KINDS = {"sum": 0, "avg": 1, "product": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7, "premul_sum": 8}
+
+
+@triton.jit
+def _combine(a, b, KIND: tl.constexpr):
+    """numerics.h reduce_op: NaN propagates through MIN and MAX."""
+    if KIND == 0 or KIND == 1 or KIND == 8:
+        return a + b
+    elif KIND == 2:
+        return a * b
+    elif KIND == 3:
+        r = tl.where(b < a, b, a)
+        return tl.where(a != a, a, tl.where(b != b, b, r))
+    elif KIND == 4:
+        r = tl.where(a < b, b, a)
+        return tl.where(a != a, a, tl.where(b != b, b, r))
+    elif KIND == 5:
+        return a & b
+    elif KIND == 6:
+        return a | b
+    else:
+        return a ^ b
+
+
+@triton.jit
+def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.constexpr, KIND: tl.constexpr,
+               CODEC: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+    """A term's values of a tile (rows: the codec blocks numbered `blocks`; offs: their
+    elements) in the accumulation type: an input's contribution (PREMUL_SUM scales it;
+    under a codec it is quantized), partial values as they are, encoded values decoded."""
+    if form == 0:  # Input
+        x = tl.load(term + offs, mask=mask, other=0).to(ACC)
+        if KIND == 8:
+            x = x * premul
+        if CODEC != 0 and QUANTIZE:
+            x = _quantize(x, mask, CODEC)
+        return x
+    elif form == 1:  # Partial
+        return tl.load(term + offs, mask=mask, other=0).to(ACC)
+    else:  # Encoded: block b at b * (4 + BLOCK * CODE_BYTES) bytes, [fp32 scale][codes]
+        base = term.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
+        scale = tl.load(base.to(tl.pointer_type(tl.float32), bitcast=True), mask=blocks * BLOCK < n, other=1.0)
+        code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
+        codes = tl.load((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
+                        mask=mask, other=0)
+        return _decode(codes.to(tl.uint32), CODEC) * scale
+
+
+_ROUND_TO_INTEGER = 6755399441055744.0  # 1.5 * 2^52 (numerics.h kRoundToInteger)
+
+
+@triton.jit
+def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, n, premul, KIND: tl.constexpr,
+               CODEC: tl.constexpr, QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+               CODE_BYTES: tl.constexpr):
+    """numerics.h exact mode for float accumulation: each element's terms on the grid
+    2^(E - 36) of its largest magnitude, the grid steps (integers exact in float64) added,
+    the sum rounded once; NaN or the infinity where a term is not finite."""
+    amax = tl.zeros([ROWS, BLOCK], tl.int32)
+    for j in tl.static_range(K):
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, KIND, CODEC, QUANTIZE, BLOCK,
+                       CODE_BYTES)
+        amax = tl.maximum(amax, _magnitude(v))
+    e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
+    up = ((1023 + 36 - e) << 52).to(tl.float64, bitcast=True)
+    down = ((1023 - 36 + e) << 52).to(tl.float64, bitcast=True)
+    total = tl.zeros([ROWS, BLOCK], tl.float64)
+    seen = tl.zeros([ROWS, BLOCK], tl.int32)
+    for j in tl.static_range(K):
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, KIND, CODEC, QUANTIZE, BLOCK,
+                       CODE_BYTES)
+        total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
+        seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
+    nan = ((seen & 1) != 0) | ((seen & 6) == 6)
+    nonfinite = tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32)
+    return tl.where(amax >= 0x7F800000, _f32(nonfinite), (total * down).to(tl.float32))
+
+
+@triton.jit
+def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
+    """v (the accumulation type) rounded once to the storage type: 0 as-is, 1 float16,
+    2 bfloat16, 3 bool."""
+    if OUT_KIND == 1:
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _half_bits(v).to(tl.uint16), mask=mask)
+    elif OUT_KIND == 2:
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _bf16_bits(v).to(tl.uint16), mask=mask)
+    elif OUT_KIND == 3:
+        tl.store(out.to(tl.pointer_type(tl.uint8), bitcast=True) + offs, (v != 0).to(tl.uint8), mask=mask)
+    else:
+        tl.store(out + offs, v.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: tl.constexpr, KIND: tl.constexpr,
+                 STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr, QUANTIZE: tl.constexpr,
+                 ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+    """DeviceOps::reduce_terms for one tile, ROWS codec blocks of BLOCK elements (program
+    p: blocks p * ROWS ...): terms folded left in order, or exactly; STAGE 0 Partial (the
+    accumulation type), 1 Final (the storage type), 2 Encoded, 3 FinalEncoded (finalized,
+    then encoded). Without a codec, blocks are only the tile's shape."""
+    blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    offs = blocks * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = offs < n
+    premul = tl.load(premul_ptr)
+    if EXACT:
+        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
+    else:
+        acc = _load_term(terms[0], FORMS[0], blocks, offs, mask, n, premul, ACC, KIND, CODEC, QUANTIZE, BLOCK,
+                         CODE_BYTES)
+        for j in tl.static_range(1, K):
+            acc = _combine(acc, _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, KIND, CODEC,
+                                           QUANTIZE, BLOCK, CODE_BYTES), KIND)
+    if KIND == 1 and (STAGE == 1 or STAGE == 3):
+        if FLOATING:
+            acc = acc / world_size.to(ACC)
+        else:  # integer AVG truncates toward zero
+            acc = acc // world_size.to(ACC)
+    if STAGE == 0:
+        tl.store(out + offs, acc, mask=mask)
+    elif STAGE == 1:
+        _store_final(out, offs, mask, acc, OUT_KIND)
+    else:
+        amax = _block_amax(acc, mask)
+        scale = _block_scale(amax, CODEC)
+        codes = _codes(acc, amax, scale, CODEC)
+        base = out.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
+        tl.store(base.to(tl.pointer_type(tl.float32), bitcast=True), scale, mask=blocks * BLOCK < n)
+        code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
+        tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
+                 codes.to(code_type), mask=mask)
+
+
+# ---- the host side: _C.fold's contract ----
+
+_ACCUMULATION = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.uint8}
+_OUT_KINDS = {torch.float16: 1, torch.bfloat16: 2, torch.bool: 3}
+# Elements per program: ROWS codec blocks of BLOCK elements (one row of 1024 uncoded).
+_TILE = 1024
+
+
+def _typed(t, dtype):
+    """``t``'s memory as ``dtype`` (raw bytes view as their form's type; 16-bit floats are
+    stored through their bits)."""
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, stage):
+    """``pycomm._C.fold`` (the layered path's step, DeviceOps::reduce_terms on tensors) in
+    Triton, with the same arguments and bits, enqueued on the current stream. Encoded
+    operands start on a 4-byte boundary (their scales are read as float32)."""
+    if count == 0:
+        return
+    kind, premul = _C.reduction(op, dtype)
+    acc = _ACCUMULATION.get(dtype, dtype)
+    coded = codec != "none"
+    exact = bool(exact) and kind in ("sum", "avg", "premul_sum") and dtype.is_floating_point
+    if exact and acc != torch.float32:
+        raise ValueError("pycomm: exact mode of float64 data has no Triton kernel (it adds in 128-bit integers); "
+                         "it needs pycomm's CUDA build, or CPU tensors")
+    if coded and acc != torch.float32:
+        raise ValueError(f"pycomm: codecs apply to float32, float16 and bfloat16 data, not {dtype}")
+    memory = {torch.bool: torch.uint8}
+    in_form = {Form.Input: memory.get(dtype, dtype), Form.Partial: acc, Form.Encoded: torch.uint8}
+    out_form = {Stage.Partial: acc, Stage.Final: memory.get(dtype, dtype)}.get(stage, torch.uint8)
+    width = block if coded else _TILE
+    rows = _TILE // width
+    _fold_kernel[(triton.cdiv(count, rows * width),)](
+        _typed(out, out_form), tuple(_typed(t, in_form[f]) for t, f in zip(terms, forms)), count,
+        torch.tensor([premul], dtype=acc if acc.is_floating_point else torch.float32, device=out.device), world_size,
+        FORMS=tuple(int(f) for f in forms), K=len(terms), KIND=_KINDS[kind], STAGE=int(stage),
+        CODEC=_CODECS.get(codec, 0), EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
+        ACC=_TL_TYPES[acc], FLOATING=acc.is_floating_point, OUT_KIND=_OUT_KINDS.get(dtype, 0),
+        ROWS=rows, BLOCK=width, CODE_BYTES=1 if codec.startswith("fp8") else 2,
+        enable_fp_fusion=False)
+
+
+_TL_TYPES = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int8: tl.int8, torch.uint8: tl.uint8,
+             torch.int32: tl.int32, torch.int64: tl.int64}
