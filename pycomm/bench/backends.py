@@ -89,7 +89,8 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun",
                 dtypes=("float32", "int32"), no_in_place=("reduce_scatter_single",)),
     BackendKind("nccl", "cuda", "nccl"),
-    # pycomm's layered path: its direct algorithm over a group of the mover's backend.
+    # pycomm's layered path: its direct algorithm over a group of the mover's backend, on
+    # the mover's device (device_of), hence no device of its own.
     BackendKind("pycomm-over", "", module="pycomm", options=("compression", "deterministic"),
                 direct=PYCOMM_DIRECT, movers=("gloo", "nccl")),
 )}
