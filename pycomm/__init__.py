@@ -201,18 +201,41 @@ def _block(block):
     return _C.default_compression_block() if block is None else int(block)
 
 
+def _triton_fold(tensor):
+    """The Triton kernels' fold where ``tensor`` is a CUDA tensor that takes them
+    (PYCOMM_KERNELS, or a build without CUDA kernels), else None."""
+    if not tensor.is_cuda:
+        return None
+    fold = layered.kernels_for(tensor.device)
+    return None if fold is _C.fold else fold
+
+
 def encode(tensor, codec, block=None, out=None):
     """The bytes ``codec`` puts on the wire for ``tensor`` (float32/float16/bfloat16, read
     flat): blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each an fp32
     power-of-two scale followed by the codes. Returns a 1-D uint8 tensor (``out`` if
     given)."""
-    return _C.encode(tensor, codec, _block(block), out)
+    fold = _triton_fold(tensor)
+    if fold is None:
+        return _C.encode(tensor, codec, _block(block), out)
+    flat, n = tensor.contiguous().view(-1), tensor.numel()
+    if out is None:
+        out = torch.empty(_C.encoded_size(codec, _block(block), n), dtype=torch.uint8, device=tensor.device)
+    fold(out, [flat], [_C.Form.Input], tensor.dtype, n, ReduceOp.SUM, 1, False, codec, _block(block), _C.Stage.Encoded)
+    return out
 
 
 def decode(encoded, codec, numel, dtype=torch.float32, block=None, out=None):
     """The values of ``encoded`` (from :func:`encode`) as a flat tensor of ``dtype``
     (``out`` if given)."""
-    return _C.decode(encoded, codec, _block(block), int(numel), dtype, out)
+    fold = _triton_fold(encoded)
+    if fold is None:
+        return _C.decode(encoded, codec, _block(block), int(numel), dtype, out)
+    if out is None:
+        out = torch.empty(int(numel), dtype=dtype, device=encoded.device)
+    fold(out, [encoded.contiguous()], [_C.Form.Encoded], dtype, int(numel), ReduceOp.SUM, 1, False, codec,
+         _block(block), _C.Stage.Final)
+    return out
 
 
 def quantize(tensor, codec, block=None):

@@ -177,6 +177,24 @@ class CompressionState:
             self._loose.clear()
 
 
+def _error_feedback(buf, residual, codec):
+    """buf += residual (g = gradient + residual in float32, sent as g in the bucket's
+    dtype); returns the new residual g - quantize(buf), zero where not finite."""
+    if pycomm._triton_fold(buf) is not None:  # one fused pass over the bucket
+        from pycomm import triton_kernels
+
+        return triton_kernels.error_feedback(buf.view(-1), residual, codec, pycomm._block(None))
+    g = buf if buf.dtype == torch.float32 else buf.float()
+    if residual is not None:
+        g.add_(residual.view(g.shape))
+    if g is not buf:
+        buf.copy_(g)
+    # What the wire adds for this rank: its contribution quantized, in float32 (a 16-bit
+    # bucket's quantized values are not rounded back to 16 bits before they are summed).
+    sent = pycomm.decode(pycomm.encode(buf, codec), codec, buf.numel(), torch.float32)
+    return (g.flatten() - sent).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def compressed_allreduce_hook(state: CompressionState,
                               bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over ``state.group`` with ``state.codec`` compression (and error
@@ -186,16 +204,8 @@ def compressed_allreduce_hook(state: CompressionState,
     codec = state.codec if _compressed_on_wire(buf.dtype, state.codec) else "none"
     if codec != "none" and state.error_feedback:
         index, layout = bucket.index(), state._layout(bucket)
-        residual = state._take_residual(index, layout, buf.numel())
-        # g = gradient + residual, in float32; what is sent is g in the bucket's dtype.
-        g = buf if buf.dtype == torch.float32 else buf.float()
-        if residual is not None:
-            g.add_(residual.view(g.shape))
-        if g is not buf:
-            buf.copy_(g)
-        residual = (g - pycomm.quantize(buf, codec).float()).flatten()
-        state._keep_residual(index, layout, residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0),
-                             bucket.is_last())
+        state._keep_residual(index, layout, _error_feedback(buf, state._take_residual(index, layout, buf.numel()),
+                                                            codec), bucket.is_last())
     work = pycomm.all_reduce(buf, dist.ReduceOp.AVG, group=state.group,
                              algorithm=state.algorithm, compression=codec, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -83,11 +83,12 @@ class LayeredWork:
         return self._future
 
 
-def kernels_for(device, choice):
+def kernels_for(device):
     """The fold (``_C.fold``'s contract) for tensors on ``device``: the CPU ops for CPU
     tensors; for CUDA tensors, pycomm's CUDA kernels or its Triton kernels as
-    ``choice`` (PYCOMM_KERNELS: auto, cuda, triton) says, auto taking the CUDA kernels
-    where pycomm was built with them."""
+    PYCOMM_KERNELS (auto, cuda, triton) says, auto taking the CUDA kernels where pycomm
+    was built with them."""
+    choice = _C.kernel_choice() if device.type == "cuda" else "cpu"
     if device.type != "cuda" or (choice == "cuda" or (choice == "auto" and _C.has_cuda)):
         if device.type == "cuda" and not _C.has_cuda:
             raise ValueError("pycomm: PYCOMM_KERNELS=cuda, and this pycomm was built without CUDA kernels")
@@ -138,7 +139,7 @@ class _Call:
         options = _C.layered_options(collective, like.dtype, op, compression or "", deterministic or "")
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
         self.log_level, self.exact = options.log_level, options.determinism == "exact"
-        self.kernel = kernels_for(like.device, options.kernels)
+        self.kernel = kernels_for(like.device)
         self.record = record_of(group, like.device)
         self.rank, self.size = self.record.rank, self.record.size
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"

@@ -247,13 +247,28 @@ def _combine(a, b, KIND: tl.constexpr):
 
 
 @triton.jit
-def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.constexpr, KIND: tl.constexpr,
-               CODEC: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+def _load_storage(ptr, offs, mask, STORAGE: tl.constexpr, ACC: tl.constexpr):
+    """Values in the storage format (STORAGE as _store_final numbers it) widened to ACC;
+    16-bit floats through their bits, subnormals kept."""
+    if STORAGE == 1:
+        return _from_half_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
+                                       other=0).to(tl.uint32))
+    elif STORAGE == 2:
+        return _from_bf16_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
+                                       other=0).to(tl.uint32))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0).to(ACC)
+
+
+@triton.jit
+def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.constexpr, STORAGE: tl.constexpr,
+               KIND: tl.constexpr, CODEC: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr,
+               CODE_BYTES: tl.constexpr):
     """A term's values of a tile (rows: the codec blocks numbered `blocks`; offs: their
     elements) in the accumulation type: an input's contribution (PREMUL_SUM scales it;
     under a codec it is quantized), partial values as they are, encoded values decoded."""
     if form == 0:  # Input
-        x = tl.load(term + offs, mask=mask, other=0).to(ACC)
+        x = _load_storage(term, offs, mask, STORAGE, ACC)
         if KIND == 8:
             x = x * premul
         if CODEC != 0 and QUANTIZE:
@@ -274,7 +289,8 @@ _ROUND_TO_INTEGER = 6755399441055744.0  # 1.5 * 2^52 (numerics.h kRoundToInteger
 
 
 @triton.jit
-def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, n, premul, KIND: tl.constexpr,
+def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, n, premul, STORAGE: tl.constexpr,
+               KIND: tl.constexpr,
                CODEC: tl.constexpr, QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                CODE_BYTES: tl.constexpr):
     """numerics.h exact mode for float accumulation: each element's terms on the grid
@@ -282,7 +298,7 @@ def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, 
     the sum rounded once; NaN or the infinity where a term is not finite."""
     amax = tl.zeros([ROWS, BLOCK], tl.int32)
     for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, KIND, CODEC, QUANTIZE, BLOCK,
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE, BLOCK,
                        CODE_BYTES)
         amax = tl.maximum(amax, _magnitude(v))
     e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
@@ -291,7 +307,7 @@ def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, 
     total = tl.zeros([ROWS, BLOCK], tl.float64)
     seen = tl.zeros([ROWS, BLOCK], tl.int32)
     for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, KIND, CODEC, QUANTIZE, BLOCK,
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE, BLOCK,
                        CODE_BYTES)
         total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
         seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
@@ -328,12 +344,12 @@ def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: 
     mask = offs < n
     premul = tl.load(premul_ptr)
     if EXACT:
-        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
+        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
     else:
-        acc = _load_term(terms[0], FORMS[0], blocks, offs, mask, n, premul, ACC, KIND, CODEC, QUANTIZE, BLOCK,
+        acc = _load_term(terms[0], FORMS[0], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK,
                          CODE_BYTES)
         for j in tl.static_range(1, K):
-            acc = _combine(acc, _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, KIND, CODEC,
+            acc = _combine(acc, _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC,
                                            QUANTIZE, BLOCK, CODE_BYTES), KIND)
     if KIND == 1 and (STAGE == 1 or STAGE == 3):
         if FLOATING:
@@ -353,6 +369,29 @@ def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: 
         code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
         tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
                  codes.to(code_type), mask=mask)
+
+
+@triton.jit
+def _error_feedback_kernel(buf, residual, n, HAS_RESIDUAL: tl.constexpr, OUT_KIND: tl.constexpr, CODEC: tl.constexpr,
+                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """The DDP compression hook's error feedback in one pass, per codec block of the
+    bucket: g = buf + residual (float32), buf = g in the bucket's dtype, residual =
+    g - quantize(buf), zero where that is not finite (pycomm/hooks.py)."""
+    blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    offs = blocks * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = offs < n
+    g = _load_storage(buf, offs, mask, OUT_KIND, tl.float32)
+    if HAS_RESIDUAL:
+        g = g + tl.load(residual + offs, mask=mask, other=0)
+    _store_final(buf, offs, mask, g, OUT_KIND)
+    if OUT_KIND == 1:
+        stored = _from_half_bits(_half_bits(g))
+    elif OUT_KIND == 2:
+        stored = _from_bf16_bits(_bf16_bits(g))
+    else:
+        stored = g
+    r = g - _quantize(stored, mask, CODEC)
+    tl.store(residual + offs, tl.where(_magnitude(r) < 0x7F800000, r, 0.0), mask=mask)
 
 
 # ---- the host side: _C.fold's contract ----
@@ -384,6 +423,8 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
                          "it needs pycomm's CUDA build, or CPU tensors")
     if coded and acc != torch.float32:
         raise ValueError(f"pycomm: codecs apply to float32, float16 and bfloat16 data, not {dtype}")
+    if coded:
+        _check_block(block)
     memory = {torch.bool: torch.uint8}
     in_form = {Form.Input: memory.get(dtype, dtype), Form.Partial: acc, Form.Encoded: torch.uint8}
     out_form = {Stage.Partial: acc, Stage.Final: memory.get(dtype, dtype)}.get(stage, torch.uint8)
@@ -401,3 +442,24 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
 
 _TL_TYPES = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int8: tl.int8, torch.uint8: tl.uint8,
              torch.int32: tl.int32, torch.int64: tl.int64}
+
+
+def error_feedback(buf, residual, codec, block):
+    """The compression hook's error feedback (pycomm/hooks.py) fused: ``buf`` (a flat
+    float32, float16 or bfloat16 bucket) becomes g = buf + ``residual`` (float32, or None
+    for zeros) in its dtype; returns the new residual g - quantize(buf), zero where not
+    finite."""
+    _check_block(block)
+    state = (torch.empty(buf.numel(), dtype=torch.float32, device=buf.device) if residual is None
+             else residual.to(torch.float32).reshape(-1).clone())
+    rows = _TILE // block
+    if buf.numel():
+        _error_feedback_kernel[(triton.cdiv(buf.numel(), rows * block),)](
+            buf, state, buf.numel(), HAS_RESIDUAL=residual is not None, OUT_KIND=_OUT_KINDS.get(buf.dtype, 0),
+            CODEC=_CODECS[codec], ROWS=rows, BLOCK=block, enable_fp_fusion=False)
+    return state
+
+
+def _check_block(block):
+    if not (16 <= block <= 1024 and block & (block - 1) == 0):
+        raise ValueError(f"pycomm: block must be a power of two from 16 to 1024, not {block}")

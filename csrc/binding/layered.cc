@@ -65,11 +65,15 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
     if (!determinism.empty()) o.determinism = parse_determinism(determinism);
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
-    static const char* const kKernels[] = {"auto", "cuda", "triton"};
     return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
                           static_cast<int64_t>(config.compression_block), name_of(o.determinism),
-                          static_cast<int>(config.log_level), kKernels[static_cast<int>(config.kernels)]};
+                          static_cast<int>(config.log_level)};
   });
+}
+
+std::string kernel_choice() {
+  static const char* const kNames[] = {"auto", "cuda", "triton"};
+  return run([] { return std::string(kNames[static_cast<int>(Config::from_env().kernels)]); });
 }
 
 std::tuple<std::string, double> reduction_of(const c10d::ReduceOp& op, at::ScalarType dtype) {

@@ -26,12 +26,14 @@ struct LayeredOptions {
   int64_t block = 0;        // PYCOMM_COMPRESSION_BLOCK
   std::string determinism;  // "0", "1" or "exact"
   int log_level = 0;        // PYCOMM_DEBUG: 0 WARN, 1 INFO, 2 TRACE
-  std::string kernels;      // PYCOMM_KERNELS: "auto", "cuda" or "triton"
 };
 // The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
 // `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.
 LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
                                const std::string& compression, const std::string& determinism);
+
+// PYCOMM_KERNELS: "auto", "cuda" or "triton".
+std::string kernel_choice();
 
 // (kind, factor) of `op` on `dtype` as the core reduces it (bool SUM is MAX, ...): kind is
 // the core's name ("sum", "avg", "premul_sum", ...), factor PREMUL_SUM's (else 1).

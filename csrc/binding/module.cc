@@ -85,8 +85,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("codec", &pycomm::LayeredOptions::codec)
       .def_readonly("block", &pycomm::LayeredOptions::block)
       .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
-      .def_readonly("log_level", &pycomm::LayeredOptions::log_level)
-      .def_readonly("kernels", &pycomm::LayeredOptions::kernels);
+      .def_readonly("log_level", &pycomm::LayeredOptions::log_level);
+  m.def("kernel_choice", &pycomm::kernel_choice);
   m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
         py::arg("compression"), py::arg("determinism"));
   m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));

@@ -1,0 +1,199 @@
+"""pycomm's Triton kernels (pycomm/triton_kernels.py) against the CPU ops, bit for bit,
+run by Triton's interpreter on this CPU (TRITON_INTERPRET=1, set before the kernels are
+defined): the codecs at every block size, the fold for every form, stage, codec,
+reduction and mode with 1 to 8 terms, the uncoded fold of float64, integers and bool,
+the fused error feedback of the DDP hook, and the layered path running on them. Data
+hold NaN, infinities, -0.0, subnormals and values at each codec's saturation edge."""
+
+import os
+import random
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+triton = pytest.importorskip("triton")
+# The interpreter computes in numpy, which warns where a float32 product overflows to
+# infinity, as the kernels mean it to (values past a codec's range).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+from pycomm import _C, hooks, triton_kernels  # noqa: E402
+from pycomm.triton_kernels import Form, Stage  # noqa: E402
+
+from _harness import group_timeout, run_world  # noqa: E402
+
+CODECS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+BLOCKS = [16, 32, 64, 128, 256, 512, 1024]
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+# Saturation edges: float32's largest, float16's (and the first value rounding to Inf),
+# e4m3's reserved 448 and its finite limit 416, e5m2's largest; the smallest subnormal.
+EDGES = [3.4028234663852886e38, -3.4e38, 65504.0, 65520.0, 448.0, 416.0, 464.0, -57344.0, 61440.0, 1e-45, -1e-40]
+SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0]
+
+
+def test_the_kernels_are_interpreted():
+    assert type(triton_kernels._fold_kernel).__name__ == "InterpretedFunction"
+
+
+def _data(n, dtype, seed, specials=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    scales = torch.tensor([1e-3, 1.0, 3e2, 7e4, 1e-39, 1e30], dtype=torch.float64)
+    x *= scales[torch.randint(0, len(scales), (n,), generator=g)]
+    if specials and n > 8:  # in some blocks only, so that others keep finite scales
+        values = torch.tensor(EDGES + SPECIALS, dtype=torch.float64)
+        where = torch.randperm(n, generator=g)[: max(1, n // 40)]
+        x[where] = values[torch.randint(0, len(values), (len(where),), generator=g)]
+    return x.to(dtype)
+
+
+def _equal(a, b):
+    """Bit for bit, NaN for NaN (a NaN's payload is not part of the contract)."""
+    if a.dtype.is_floating_point:
+        nan = torch.isnan(a)
+        if not torch.equal(nan, torch.isnan(b)):
+            return False
+        a, b = a.masked_fill(nan, 0), b.masked_fill(nan, 0)
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+def _both(out, terms, forms, dtype, n, op, world, exact, codec, block, stage):
+    """The CPU ops' and the Triton kernel's outputs for the same call."""
+    results = []
+    for fold in (_C.fold, triton_kernels.fold):
+        o = out.clone()
+        fold(o, terms, forms, dtype, n, op, world, exact, codec, block, stage)
+        results.append(o)
+    return results
+
+
+def _output(dtype, n, codec, block, stage):
+    if stage in (Stage.Encoded, Stage.FinalEncoded):
+        return torch.zeros(_C.encoded_size(codec, block, n), dtype=torch.uint8)
+    acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else (torch.uint8 if dtype == torch.bool else dtype)
+    return torch.zeros(n, dtype=acc if stage == Stage.Partial else dtype)
+
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_codecs_match_cpu(codec):
+    """Encode and decode, every block size (float32) and the smallest and largest
+    (16-bit data), lengths that end in a partial block."""
+    for dtype in FLOATS:
+        for block in BLOCKS if dtype == torch.float32 else [16, 1024]:
+            n = 2 * block + 5
+            x = _data(n, dtype, block)
+            cpu, tri = _both(_output(dtype, n, codec, block, Stage.Encoded), [x], [Form.Input], dtype, n,
+                             dist.ReduceOp.SUM, 1, False, codec, block, Stage.Encoded)
+            assert torch.equal(cpu, tri), (codec, dtype, block, "encode", (cpu != tri).nonzero()[:5].flatten())
+            assert torch.equal(cpu, _C.encode(x, codec, block, None))
+            cpu, tri = _both(torch.zeros(n, dtype=dtype), [cpu], [Form.Encoded], dtype, n, dist.ReduceOp.SUM, 1,
+                             False, codec, block, Stage.Final)
+            assert _equal(cpu, tri), (codec, dtype, block, "decode")
+
+
+def _op(name):
+    return dist._make_nccl_premul_sum(0.375) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
+
+
+def _fold_cases(count, seed):
+    """A seeded sample of the fold's space: dtype, codec, stage, reduction, mode, block,
+    1 to 8 terms in random forms, lengths that do not fill a block or a program."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        dtype = FLOATS[i % 3]
+        codec = ["none", *CODECS][i % 5]
+        stages = [Stage.Partial, Stage.Final] + ([Stage.Encoded, Stage.FinalEncoded] if codec != "none" else [])
+        stage = stages[(i // 5) % len(stages)]
+        op = ["SUM", "AVG", "PREMUL_SUM", "MIN", "MAX", "PRODUCT"][(i // 3) % 6]
+        exact = (i // 7) % 2 == 1
+        k = 1 + (i % 8)
+        forms = [rng.choice([Form.Input, Form.Partial] + ([Form.Encoded] if codec != "none" else []))
+                 for _ in range(k)]
+        block = rng.choice(BLOCKS)
+        n = rng.randint(1, 2 * block + 3) if codec != "none" else rng.randint(1, 2600)
+        cases.append((dtype, codec, stage, op, exact, forms, block, n, i))
+    return cases
+
+
+@pytest.mark.parametrize("part", range(4))
+def test_fold_matches_cpu(part):
+    for dtype, codec, stage, op, exact, forms, block, n, seed in _fold_cases(160, 7)[part::4]:
+        terms = []
+        for j, form in enumerate(forms):
+            x = _data(n, dtype, 1000 * seed + j)
+            if form == Form.Partial:
+                x = x.float()
+            elif form == Form.Encoded:
+                x = _C.encode(x, codec, block, None)
+            terms.append(x)
+        out = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
+        cpu, tri = _both(out, terms, forms, dtype, n, _op(op), 8, exact, codec, block, stage)
+        assert _equal(cpu, tri), (str(dtype), codec, stage, op, exact, forms, block, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])
+def test_uncoded_fold_of_other_types_matches_cpu(dtype):
+    ops = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR"]
+    if dtype == torch.float64:
+        ops = ["SUM", "AVG", "PREMUL_SUM", "MIN", "MAX", "PRODUCT"]
+    if dtype == torch.bool:
+        ops = ["SUM", "MIN", "MAX", "PRODUCT"]
+    for i, op in enumerate(ops):
+        k, n = 1 + i % 5, 1 + 997 * i % 2500
+        if dtype.is_floating_point:
+            terms = [_data(n, dtype, 31 * i + j) for j in range(k)]
+        else:
+            g = torch.Generator().manual_seed(i)
+            terms = [torch.randint(0, 2 if dtype == torch.bool else 100, (n,), generator=g).to(dtype) for _ in range(k)]
+        for stage in (Stage.Final, Stage.Partial):
+            cpu, tri = _both(_output(dtype, n, "fp16", 16, stage), terms, [Form.Input] * k, dtype, n, _op(op), k,
+                             False, "none", 256, stage)
+            assert _equal(cpu, tri), (op, stage)
+    if dtype == torch.float64:
+        with pytest.raises(ValueError, match="exact mode of float64"):
+            triton_kernels.fold(torch.empty(4, dtype=dtype), [torch.ones(4, dtype=dtype)], [Form.Input], dtype, 4,
+                                dist.ReduceOp.SUM, 1, True, "none", 256, Stage.Final)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_fused_error_feedback_matches_the_hook(codec):
+    block = _C.default_compression_block()
+    for dtype in FLOATS:
+        for with_residual in (False, True):
+            n = 3 * block + 7
+            grad = _data(n, dtype, 5)
+            residual = _data(n, torch.float32, 6, specials=False) * 1e-3 if with_residual else None
+            cpu_buf, tri_buf = grad.clone(), grad.clone()
+            cpu_residual = hooks._error_feedback(cpu_buf, residual, codec)
+            tri_residual = triton_kernels.error_feedback(tri_buf, residual, codec, block)
+            assert _equal(cpu_buf, tri_buf), (codec, dtype, with_residual, "bucket")
+            assert _equal(cpu_residual, tri_residual), (codec, dtype, with_residual, "residual")
+
+
+def layered_on_triton_world(rank, ws):
+    """The layered path over gloo with the Triton kernels (interpreted) in place of the
+    CPU ops: the native path's bits."""
+    import pycomm
+    from pycomm import layered
+
+    layered.kernels_for = lambda device: triton_kernels.fold
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    problems = []
+    for i, (dtype, codec, mode) in enumerate([(torch.float32, None, "exact"), (torch.bfloat16, "fp8_e4m3", True),
+                                              (torch.float32, "fp16", "exact"), (torch.float16, None, True)]):
+        x = _data(700, dtype, 10 * i + rank, specials=False)
+        native, over_gloo = x.clone(), x.clone()
+        pycomm.all_reduce(native, dist.ReduceOp.AVG, compression=codec, deterministic=mode)
+        pycomm.all_reduce(over_gloo, dist.ReduceOp.AVG, group=gloo, compression=codec, deterministic=mode)
+        if not _equal(native, over_gloo):
+            problems.append((str(dtype), codec, mode))
+    return problems
+
+
+def test_layered_path_on_triton_kernels():
+    for problems in run_world(layered_on_triton_world, 3, env={"TRITON_INTERPRET": "1"}, timeout=180):
+        assert not problems, problems
