@@ -155,13 +155,25 @@ class _Call:
         return f"{e['collective']} #{e['seq']} ({self.algorithm}) on group '{self.record.name}'"
 
     def move(self, what, *args):
-        """Calls the mover's collective ``what``; its failure fails this operation."""
+        """Starts the mover's collective ``what`` (asynchronously); :meth:`wait` for it."""
         try:
-            getattr(dist, what)(*args, group=self.group)
+            return what, getattr(dist, what)(*args, group=self.group, async_op=True)
         except Exception as e:
-            message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {e}"
-            self.end(message)
-            raise dist.DistBackendError(message) from e
+            self.fail(what, e)
+
+    def wait(self, moving):
+        """Waits for a collective :meth:`move` started; its failure fails this operation.
+        (For NCCL, the current stream waits, not the host.)"""
+        what, work = moving
+        try:
+            work.wait()
+        except Exception as e:
+            self.fail(what, e)
+
+    def fail(self, what, error):
+        message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {error}"
+        self.end(message)
+        raise dist.DistBackendError(message) from error
 
     def fold(self, out, terms, forms, count, stage, op=None):
         if count:
@@ -221,19 +233,20 @@ def _pieces(buffer, sizes):
 
 
 def _exchange(call, flat, begins, element_bytes):
-    """Step 2: segment s of ``flat`` goes to rank s; returns this rank's n contributions to
-    its own segment, in rank order, and their form. Raw segments travel as their bytes
-    (this rank's own included, as the mover's all-to-all takes one buffer); encoded ones
-    are encoded here, this rank's own kept as its input (quantized as it is loaded)."""
+    """Step 2, started: segment s of ``flat`` goes to rank s. Returns the mover's pending
+    all-to-all and this rank's n contributions to its own segment, in rank order, with
+    their forms, readable once it is waited for. Raw segments travel as their bytes (this
+    rank's own included, as the mover's all-to-all takes one buffer); encoded ones are
+    encoded here, this rank's own kept as its input (quantized as it is loaded)."""
     n, r = call.size, call.rank
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
     mine = flat[begins[r]:begins[r + 1]]
     if call.codec == "none":
         recv = torch.empty(n * lengths[r] * element_bytes, dtype=torch.uint8, device=flat.device)
-        call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
-                  [length * element_bytes for length in lengths])
+        moving = call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
+                           [length * element_bytes for length in lengths])
         pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
-        return [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
+        return moving, [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
     encoded = [_C.encoded_size(call.codec, call.block, length) for length in lengths]
     outgoing = [0 if s == r else _slot(encoded[s]) for s in range(n)]
     send = torch.empty(sum(outgoing), dtype=torch.uint8, device=flat.device)
@@ -242,10 +255,23 @@ def _exchange(call, flat, begins, element_bytes):
             call.fold(piece[:encoded[s]], [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
     incoming = [0 if p == r else _slot(encoded[r]) for p in range(n)]
     recv = torch.empty(sum(incoming), dtype=torch.uint8, device=flat.device)
-    call.move("all_to_all_single", recv, send, incoming, outgoing)
+    moving = call.move("all_to_all_single", recv, send, incoming, outgoing)
     pieces = [piece[:encoded[r]] for piece in _pieces(recv, incoming)]
-    return ([mine if p == r else pieces[p] for p in range(n)],
+    return (moving, [mine if p == r else pieces[p] for p in range(n)],
             [Form.Input if p == r else Form.Encoded for p in range(n)])
+
+
+# A large all-reduce runs as up to _MAX_PARTS parts of at least _PART_BYTES, pipelined:
+# while the mover carries one part, this rank encodes the next and decodes the previous.
+_PART_BYTES = 4 << 20
+_MAX_PARTS = 8
+
+
+def _parts(count, unit, element_bytes):
+    """[start, stop) of each part: whole multiples of ``unit`` elements but the last."""
+    parts = max(1, min(_MAX_PARTS, count * element_bytes // _PART_BYTES))
+    size = -(-count // parts // unit) * unit
+    return [(start, min(count, start + size)) for start in range(0, count, size)]
 
 
 def all_reduce(tensor, op, group, compression, deterministic, async_op):
@@ -255,27 +281,49 @@ def all_reduce(tensor, op, group, compression, deterministic, async_op):
     if count == 0:
         return call.work(tensor, async_op)
     coded = call.codec != "none"
-    begins = _C.segment_begins(count, n, call.block if coded else 1)
-    lengths = [begins[s + 1] - begins[s] for s in range(n)]
-    terms, forms = _exchange(call, flat, begins, es)
-    # Step 3 writes this rank's result (encoded under a codec) into a piece padded to the
-    # longest segment's (segment 0's), the size every rank gives the all-gather.
+    unit = call.block if coded else 1
     piece = (lambda m: _C.encoded_size(call.codec, call.block, m)) if coded else (lambda m: m * es)
-    width = _slot(piece(lengths[0])) if coded else piece(lengths[0])
-    result = torch.zeros(width, dtype=torch.uint8, device=flat.device)
-    call.fold(result[:piece(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-    if not coded and count == n * lengths[0]:  # equal segments: gathered straight into place
-        call.move(_ALL_GATHER, _bytes(flat), result)
-    else:
-        gathered = torch.empty(n * width, dtype=torch.uint8, device=flat.device)
-        call.move(_ALL_GATHER, gathered, result)
+
+    def scatter(start, stop):  # steps 1 and 2 of a part: its segments (whole codec blocks)
+        part = flat[start:stop]
+        begins = _C.segment_begins(part.numel(), n, unit)
+        return (part, begins) + _exchange(call, part, begins, es)
+
+    def fold_and_gather(part, begins, moving, terms, forms):  # steps 3 and 4, started
+        lengths = [begins[s + 1] - begins[s] for s in range(n)]
+        # This rank's result (encoded under a codec) goes into a piece padded to the
+        # longest segment's (segment 0's), the size every rank gives the all-gather.
+        width = _slot(piece(lengths[0])) if coded else piece(lengths[0])
+        result = torch.zeros(width, dtype=torch.uint8, device=part.device)
+        call.wait(moving)
+        call.fold(result[:piece(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
+        if not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
+            return part, begins, call.move(_ALL_GATHER, _bytes(part), result), None, width
+        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
+        return part, begins, call.move(_ALL_GATHER, gathered, result), gathered, width
+
+    def unpack(part, begins, moving, gathered, width):
+        call.wait(moving)
+        if gathered is None:
+            return
         for s, block in enumerate(_pieces(gathered, [width] * n)):
-            segment = flat[begins[s]:begins[s + 1]]
+            segment, length = part[begins[s]:begins[s + 1]], begins[s + 1] - begins[s]
             if coded:  # decoding alone: the result was finalized before it was encoded
-                call.fold(segment, [block[:piece(lengths[s])]], [Form.Encoded], lengths[s], Stage.Final,
-                          op=dist.ReduceOp.SUM)
-            elif lengths[s]:
-                _bytes(segment).copy_(block[:piece(lengths[s])])
+                call.fold(segment, [block[:piece(length)]], [Form.Encoded], length, Stage.Final, op=dist.ReduceOp.SUM)
+            elif length:
+                _bytes(segment).copy_(block[:piece(length)])
+
+    # Parts start on multiples of n codec blocks, so every block of the tensor stays whole
+    # and each element is reduced exactly as without parts.
+    # Every rank starts the mover's collectives in the same order: part i's all-to-all,
+    # then part i-1's all-gather.
+    to_fold = to_unpack = None
+    for bounds in _parts(count, n * unit, es) + [None, None]:
+        scattered = scatter(*bounds) if bounds is not None else None
+        gathering = fold_and_gather(*to_fold) if to_fold is not None else None
+        if to_unpack is not None:
+            unpack(*to_unpack)
+        to_fold, to_unpack = scattered, gathering
     _settle(tensor, flat)
     return call.work(tensor, async_op)
 
@@ -291,7 +339,8 @@ def reduce_scatter_tensor(output, input, op, group, compression, deterministic, 
     if count == 0:
         return call.work(output, async_op)
     begins = _C.segment_begins(count * n, n, 1)  # blocks start at each rank's segment
-    terms, forms = _exchange(call, flat_in, begins, flat_in.element_size())
+    moving, terms, forms = _exchange(call, flat_in, begins, flat_in.element_size())
+    call.wait(moving)
     if call.codec != "none" and call.determinism != "0":
         # Deterministic modes quantize the result once more, as the native reduce-scatter
         # does, so that a shard equals the matching slice of the all-reduce.
@@ -315,13 +364,13 @@ def all_gather_into_tensor(output, input, group, compression, deterministic, asy
     if count == 0:
         return call.work(output, async_op)
     if call.codec == "none":
-        call.move(_ALL_GATHER, out, flat_in)
+        call.wait(call.move(_ALL_GATHER, out, flat_in))
     else:
         size = _C.encoded_size(call.codec, call.block, count)
         mine = torch.zeros(_slot(size), dtype=torch.uint8, device=out.device)
         call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
         gathered = torch.empty(n * mine.numel(), dtype=torch.uint8, device=out.device)
-        call.move(_ALL_GATHER, gathered, mine)
+        call.wait(call.move(_ALL_GATHER, gathered, mine))
         for s, block in enumerate(_pieces(gathered, [mine.numel()] * n)):
             call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)
     _settle(output, out)

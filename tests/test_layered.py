@@ -91,10 +91,15 @@ def cases_for(ws, sizes):
     return out
 
 
-def layered_equals_native_world(rank, ws, sizes):
+def layered_equals_native_world(rank, ws, sizes, part_bytes=None):
     """Every case on the native path (the pycomm world) and the layered path (a gloo group
     of the same ranks); returns the cases whose outcomes differ, and a digest of the
-    layered all-reduce and all-gather results, which must be the same on every rank."""
+    layered all-reduce and all-gather results, which must be the same on every rank.
+    ``part_bytes``: smaller pipeline parts, so that these sizes run in several."""
+    from pycomm import layered
+
+    if part_bytes:
+        layered._PART_BYTES = part_bytes
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     differ, digest = [], hashlib.sha256()
     for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
@@ -126,8 +131,9 @@ def test_layered_equals_native_bit_for_bit(ws):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_layered_equals_native_large(ws):
     # 65537 and 786433 elements (3 MiB of float32): segments that do not divide evenly,
-    # several codec blocks and native chunks per segment.
-    _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433],), timeout=240))
+    # several codec blocks and native chunks per segment, all-reduces pipelined in 1 to 8
+    # parts of at least 128 KiB.
+    _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 128 << 10), timeout=240))
 
 
 def exact_world_size_world(rank, ws):
