@@ -298,8 +298,8 @@ def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, 
     the sum rounded once; NaN or the infinity where a term is not finite."""
     amax = tl.zeros([ROWS, BLOCK], tl.int32)
     for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE, BLOCK,
-                       CODE_BYTES)
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE,
+                       BLOCK, CODE_BYTES)
         amax = tl.maximum(amax, _magnitude(v))
     e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
     up = ((1023 + 36 - e) << 52).to(tl.float64, bitcast=True)
@@ -307,8 +307,8 @@ def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, 
     total = tl.zeros([ROWS, BLOCK], tl.float64)
     seen = tl.zeros([ROWS, BLOCK], tl.int32)
     for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE, BLOCK,
-                       CODE_BYTES)
+        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE,
+                       BLOCK, CODE_BYTES)
         total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
         seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
     nan = ((seen & 1) != 0) | ((seen & 6) == 6)
@@ -344,13 +344,15 @@ def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: 
     mask = offs < n
     premul = tl.load(premul_ptr)
     if EXACT:
-        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
+        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC, QUANTIZE, ROWS, BLOCK,
+                         CODE_BYTES)
     else:
         acc = _load_term(terms[0], FORMS[0], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK,
                          CODE_BYTES)
         for j in tl.static_range(1, K):
-            acc = _combine(acc, _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC,
-                                           QUANTIZE, BLOCK, CODE_BYTES), KIND)
+            term = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE,
+                              BLOCK, CODE_BYTES)
+            acc = _combine(acc, term, KIND)
     if KIND == 1 and (STAGE == 1 or STAGE == 3):
         if FLOATING:
             acc = acc / world_size.to(ACC)
