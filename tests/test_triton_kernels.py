@@ -16,8 +16,10 @@ import torch.distributed as dist  # noqa: E402
 
 triton = pytest.importorskip("triton")
 # The interpreter computes in numpy, which warns where a float32 product overflows to
-# infinity, as the kernels mean it to (values past a codec's range).
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+# infinity (values past a codec's range) or an operation makes a NaN (inf - inf of the
+# special inputs), as the kernels mean it to.
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
 from pycomm import _C, hooks, triton_kernels  # noqa: E402
 from pycomm.triton_kernels import Form, Stage  # noqa: E402
