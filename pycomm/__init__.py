@@ -17,7 +17,7 @@ from . import _C, layered
 
 __all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp",
            "stats", "flight_recorder", "dump_flight_recorder",
-           "CODECS", "encode", "decode", "quantize", "compression_error"]
+           "CODECS", "encode", "decode", "quantize", "compression_error", "exact_data_parallel"]
 
 ReduceOp = dist.ReduceOp
 BACKEND_NAME = "pycomm"
@@ -256,6 +256,17 @@ def _compressed_sum(contributions, codec, algorithm="twoshot", block=None):
         q = quantize(c.float(), codec, block)
         total = q if total is None else total + q
     return total if algorithm == "oneshot" else quantize(total, codec, block)
+
+
+def exact_data_parallel(module, group=None, *, average=True, compression=None, broadcast_parameters=True):
+    """Data parallelism whose step gradient is the same on any number of ranks: returns a
+    :class:`pycomm.data_parallel.ExactDataParallel` that accumulates ``module``'s
+    micro-batch gradients exactly; call its ``reduce_gradients()`` before the optimizer
+    step. ``group``: any process group (None: the default one)."""
+    from .data_parallel import ExactDataParallel
+
+    return ExactDataParallel(module, group, average=average, compression=compression,
+                             broadcast_parameters=broadcast_parameters)
 
 
 def compression_error(tensor, codec, world_size=8, *, algorithm="twoshot", block=None, seed=0):

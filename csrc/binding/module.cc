@@ -3,6 +3,7 @@
 #include <torch/python.h>
 
 #include "core/config.h"
+#include "binding/accumulator.h"
 #include "binding/backend.h"
 #include "binding/codecs.h"
 #include "binding/layered.h"
@@ -95,6 +96,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("fold", &pycomm::fold, py::arg("out"), py::arg("terms"), py::arg("forms"), py::arg("dtype"), py::arg("count"),
         py::arg("op"), py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("add_to_bins", &pycomm::add_to_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("terms"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("align_bins", &pycomm::align_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("to"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("value_of_bins", &pycomm::value_of_bins, py::arg("out"), py::arg("hi"), py::arg("lo"), py::arg("divisor"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("binned_max_terms", [] { return pycomm::binned_max_terms(); });
   m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;

@@ -249,6 +249,79 @@ PYCOMM_HD A exact_nonfinite(uint32_t seen) {
   return bit_cast_<A>(nan ? kInf | (Bits{1} << (kMant - 1)) : (seen & 2u) ? kInf : kSign | kInf);
 }
 
+// ---- Binned exact sums (the gradient accumulator of pycomm.exact_data_parallel) ----
+//
+// A sum of float terms (float32 or narrower) whose value depends only on the multiset of
+// terms: neither their order nor how they were split into partial sums merged later (on
+// other ranks, in any order) changes a bit. An element's state is the index I of its top
+// bin and two doubles, hi and lo. Bin b is the grid 2^(32 b) below 2^(32 (b + 1)); I is
+// the bin of the largest finite nonzero |term| (b = floor(e / 32) for 2^e <= |x| <
+// 2^(e + 1)). A term x enters as its bits in bins I and I - 1, truncated toward zero:
+//   hi += trunc_I(x),  lo += trunc_(I-1)(x) - trunc_I(x),
+//   trunc_b(x) = trunc(x / 2^(32 b)) * 2^(32 b)
+// Each addend is an integer below 2^32 in its bin's units, so up to kBinnedMaxTerms
+// terms add exactly in a double's 53 bits, whatever the order. A larger term raises I and
+// shifts the bins (lo = hi, hi = 0; or both 0 for a rise of two or more): the bits that
+// fall off are exactly those each earlier term would have lost had I been the larger one
+// from the start, so the state is a function of the multiset alone. Two states merge by
+// aligning both to the larger I and adding hi and lo (exactly, so in any order).
+// Error against the exact sum: each term loses less than 2^(32 (I - 1)), at most 2^-32
+// of the largest |term|; the value is then rounded once (binned_value).
+// Non-finite terms are added into hi, which stays non-finite from then on (shifts keep
+// it): NaN if a NaN or both infinities occurred, else that infinity.
+constexpr int kBinBits = 32;
+constexpr int8_t kNoBin = -128;  // the index while no finite nonzero term was added
+constexpr int64_t kBinnedMaxTerms = int64_t{1} << 20;
+
+// 2^(32 b) for the bins of float32 values and their inverses (|b| <= 6): exact.
+PYCOMM_HD double bin_unit(int b) { return bit_cast_<double>(static_cast<int64_t>(1023 + kBinBits * b) << 52); }
+
+// The bin of a finite nonzero float (subnormals share the bin of 2^-126).
+PYCOMM_HD int8_t bin_of(float x) {
+  const int32_t biased = magnitude_bits(x) >> 23;
+  const int32_t e = (biased > 1 ? biased : 1) - 127;
+  return static_cast<int8_t>((e + 8 * kBinBits) / kBinBits - 8);  // floor(e / 32) for e >= -256
+}
+
+// The state shifted to index `to` (>= index).
+PYCOMM_HD void binned_align(int8_t& index, double& hi, double& lo, int8_t to) {
+  const int rise = to - index;
+  const bool finite = !nonfinite_magnitude(magnitude_bits(hi));
+  lo = !finite || rise >= 2 ? 0.0 : rise == 1 ? hi : lo;
+  hi = finite && rise > 0 ? 0.0 : hi;
+  index = to;
+}
+
+PYCOMM_HD void binned_add(int8_t& index, double& hi, double& lo, float x) {
+  if (nonfinite_magnitude(magnitude_bits(x))) {
+    hi += x;
+    return;
+  }
+  if (x == 0.0f) return;
+  const int8_t b = bin_of(x);
+  if (b > index) binned_align(index, hi, lo, b);
+  // Scalings by powers of two are exact; a conversion to int64_t truncates toward zero
+  // (each quotient is below 2^32). x - top is exact and has x's sign, so the second
+  // addend is trunc_(I-1)(x) - trunc_I(x).
+  const double v = x;
+  const double top = static_cast<double>(static_cast<int64_t>(v * bin_unit(-index))) * bin_unit(index);
+  const double rest = v - top;
+  hi += top;
+  lo += static_cast<double>(static_cast<int64_t>(rest * bin_unit(1 - index))) * bin_unit(index - 1);
+}
+
+// hi + lo rounded to a double by round-to-odd (the exact sum's last bit kept sticky), so
+// that rounding it once more to float32 gives the exact sum correctly rounded.
+PYCOMM_HD double binned_value(double hi, double lo) {
+  if (nonfinite_magnitude(magnitude_bits(hi))) return hi;
+  const double s = hi + lo;
+  const double b = s - hi;
+  const double error = (hi - (s - b)) + (lo - b);  // hi + lo - s, exactly (TwoSum)
+  const int64_t bits = bit_cast_<int64_t>(s);
+  if (error == 0.0 || (bits & 1)) return s;
+  return bit_cast_<double>((error > 0) == (s > 0) ? bits + 1 : bits - 1);  // one ulp toward the exact sum
+}
+
 // ---- Wire codecs (compression) ----
 //
 // An encoded buffer of n elements is a sequence of blocks of `block` elements (the last

@@ -1,0 +1,96 @@
+#include "binding/accumulator.h"
+
+#include <ATen/Parallel.h>
+
+#include "binding/tables.h"
+#include "core/dispatch.h"
+
+namespace pycomm {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+void check(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "pycomm: the exact accumulator runs on CPU tensors; ", what, " is on ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "pycomm: exact accumulator: ", what, " must be contiguous");
+  TORCH_CHECK_VALUE(t.numel() == n, "pycomm: exact accumulator: ", what, " has ", t.numel(), " elements, not ", n);
+}
+
+void check_state(const at::Tensor& index, const at::Tensor& hi, const at::Tensor& lo) {
+  const int64_t n = index.numel();
+  check(index, n, "the index");
+  check(hi, n, "hi");
+  check(lo, n, "lo");
+  TORCH_CHECK_VALUE(index.scalar_type() == at::kChar && hi.scalar_type() == at::kDouble &&
+                        lo.scalar_type() == at::kDouble,
+                    "pycomm: exact accumulator: the state is an int8 index and float64 hi and lo");
+}
+
+// Calls f(TypeTag<T>) for the float types the accumulator takes.
+template <class F>
+void dispatch_gradient(at::ScalarType dtype, F&& f) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                    "pycomm: the exact accumulator takes float32, float16 or bfloat16 gradients, not ", dtype);
+  dispatch_dtype(to_core(dtype), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<AccOf<T>, float>) f(tag);
+  });
+}
+
+}  // namespace
+
+int64_t binned_max_terms() { return kBinnedMaxTerms; }
+
+void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& terms) {
+  check_state(index, hi, lo);
+  check(terms, index.numel(), "the gradient");
+  dispatch_gradient(terms.scalar_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = static_cast<const T*>(terms.data_ptr());
+    int8_t* i = index.data_ptr<int8_t>();
+    double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
+    at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) pycomm::binned_add(i[k], h[k], l[k], Numeric<T>::load(x[k]));
+    });
+  });
+}
+
+void align_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& to) {
+  check_state(index, hi, lo);
+  check(to, index.numel(), "the target index");
+  TORCH_CHECK_VALUE(to.scalar_type() == at::kChar, "pycomm: exact accumulator: the target index is int8");
+  const int8_t* t = to.data_ptr<int8_t>();
+  int8_t* i = index.data_ptr<int8_t>();
+  double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
+  at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      TORCH_CHECK_VALUE(t[k] >= i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
+      pycomm::binned_align(i[k], h[k], l[k], t[k]);
+    }
+  });
+}
+
+void value_of_bins(at::Tensor& out, const at::Tensor& hi, const at::Tensor& lo, double divisor) {
+  const int64_t n = out.numel();
+  check(out, n, "the output");
+  check(hi, n, "hi");
+  check(lo, n, "lo");
+  TORCH_CHECK_VALUE(hi.scalar_type() == at::kDouble && lo.scalar_type() == at::kDouble,
+                    "pycomm: exact accumulator: hi and lo are float64");
+  TORCH_CHECK_VALUE(divisor > 0, "pycomm: exact accumulator: divisor ", divisor, " is not positive");
+  dispatch_gradient(out.scalar_type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.data_ptr());
+    const double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const double sum = pycomm::binned_value(h[k], l[k]);
+        const float v = sum != sum ? exact_nonfinite<float>(1u) : static_cast<float>(sum / divisor);
+        o[k] = Numeric<T>::store(v);
+      }
+    });
+  });
+}
+
+}  // namespace pycomm
