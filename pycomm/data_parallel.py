@@ -17,11 +17,28 @@ which adds integers held exactly in float64, so any backend's order gives the sa
 and writes sum / (global number of micro-batches) to ``.grad``. The result depends only on
 the multiset of micro-batch gradients: the same on 1, 2, 4 or 8 ranks (D5 for the step's
 gradient), whatever the timing.
+
+Under FSDP2 (``module`` holds modules made by ``fully_shard``) the accumulator works inside
+each FSDP module's reduce-scatter instead: every micro-batch's unsharded gradient enters
+that module's exact state and the reduce-scatter returns zeros, except in the backward
+run inside ``edp.last_micro_batch()``, where the ranks' states are merged (MAX all-reduce,
+align, SUM reduce-scatter) and each rank receives its shard of the exact mean::
+
+    for i, (inputs, targets) in enumerate(my_micro_batches):
+        with edp.last_micro_batch() if i == len(my_micro_batches) - 1 else contextlib.nullcontext():
+            loss_fn(model(inputs), targets).backward()
+    edp.reduce_gradients()                               # checks; the merge already ran
+
+(The same loop serves both: without FSDP, ``last_micro_batch()`` changes nothing.)
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FSDPReduceScatter
 
 import pycomm
 
@@ -45,7 +62,9 @@ class ExactDataParallel:
     ``broadcast_parameters``: copy rank 0's parameters and buffers to every rank now, as
     DistributedDataParallel does.
 
-    Parameters must be dense float32, float16 or bfloat16 CPU tensors.
+    Parameters must be dense float32, float16 or bfloat16 CPU tensors. Under FSDP2 (see
+    the module's docstring) the reduce-scatters run on FSDP's own group, on two or more
+    ranks, uncompressed, and parameters are FSDP's to broadcast.
     """
 
     def __init__(self, module, group=None, *, average=True, compression=None, broadcast_parameters=True):
@@ -56,6 +75,19 @@ class ExactDataParallel:
             raise ValueError(f"pycomm.exact_data_parallel: compression={compression!r}; one of {pycomm.CODECS}")
         self.module, self.group = module, group
         self.average, self.compression = average, compression
+        self._finishing = False
+        self._sharded = _fsdp_modules(module)
+        if self._sharded:
+            if compression is not None:
+                raise ValueError("pycomm.exact_data_parallel: compression is not available under FSDP2")
+            if dist.get_world_size(group) == 1:
+                raise ValueError("pycomm.exact_data_parallel: FSDP2 does not call its reduce-scatter on one rank; "
+                                 "there, use exact_data_parallel on the module without fully_shard")
+            self._comms = [_ExactReduceScatter(self) for _ in self._sharded]
+            for m, comm in zip(self._sharded, self._comms):
+                m.set_custom_reduce_scatter(comm)
+                m.set_gradient_divide_factor(1.0)  # the comm divides, by the global micro-batch count
+            return
         self.params = [p for p in module.parameters() if p.requires_grad]
         for p in self.params:
             if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -98,6 +130,16 @@ class ExactDataParallel:
             param.grad = None
         return take
 
+    @contextlib.contextmanager
+    def last_micro_batch(self):
+        """The backward run inside is this rank's last of the step: under FSDP2 its
+        reduce-scatters merge every rank's states. Without FSDP it changes nothing."""
+        self._finishing = True
+        try:
+            yield
+        finally:
+            self._finishing = False
+
     @property
     def micro_batches(self):
         """This rank's micro-batches since the last :meth:`reduce_gradients`: the most
@@ -105,17 +147,16 @@ class ExactDataParallel:
         return max(self._taken, default=0)
 
     def _all_reduce(self, tensor, op):
-        """An all-reduce that only moves bytes or adds exactly: pycomm's, uncompressed, on a
-        pycomm group; the group's own backend otherwise."""
-        if pycomm._pycomm_backend(self._group(), tensor.device) is not None:
-            pycomm.all_reduce(tensor, op, self.group, compression="none")
-        else:
-            dist.all_reduce(tensor, op, group=self.group)
+        _exact_all_reduce(tensor, op, self.group)
 
     def reduce_gradients(self):
         """Collective over the group: writes to every parameter's ``.grad`` the exact sum of
         the gradients of every rank's micro-batches since the last call (divided by their
         global number where ``average``), rounded once, and empties the accumulator."""
+        if self._sharded:
+            for comm in self._comms:
+                comm.check_merged()
+            return
         n = self._index.numel()
         self._bins[2 * n] = self.micro_batches
         if self.compression is None:
@@ -145,7 +186,82 @@ class ExactDataParallel:
         self._taken = [0] * len(self.params)
 
     def remove(self):
-        """Detaches the accumulator: gradients accumulate in ``.grad`` again."""
-        for h in self._handles:
+        """Detaches the accumulator: gradients accumulate in ``.grad`` again (without
+        FSDP; FSDP modules keep their reduce-scatter)."""
+        for h in getattr(self, "_handles", []):
             h.remove()
         self._handles = []
+
+
+def _on_pycomm(group, device):
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pycomm._pycomm_backend(group, device) is not None
+
+
+# Collectives that only move bytes or add exactly: pycomm's, uncompressed, on a pycomm
+# group (whatever PYCOMM_COMPRESSION says); the group's own backend otherwise.
+def _exact_all_reduce(tensor, op, group):
+    if _on_pycomm(group, tensor.device):
+        pycomm.all_reduce(tensor, op, group, compression="none")
+    else:
+        dist.all_reduce(tensor, op, group=group)
+
+
+def _exact_reduce_scatter(output, input, group):
+    if _on_pycomm(group, input.device):
+        pycomm.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group, compression="none")
+    else:
+        dist.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group=group)
+
+
+def _fsdp_modules(module):
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+class _ExactReduceScatter(_FSDPReduceScatter):
+    """One FSDP module's reduce-scatter under :class:`ExactDataParallel` (FSDP2's comm
+    interface: ``allocate`` and a call with the output, the input laid out as FSDP chunks
+    it, the group and the op, which is ignored: the result is the exact mean, or sum)."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.state, self.calls, self.merged = None, 0, True
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        flat = input_tensor.contiguous().view(-1)
+        if self.state is None or self.state[0].numel() != flat.numel():
+            self.state = (torch.full((flat.numel(),), _NO_BIN, dtype=torch.int8),
+                          torch.zeros(flat.numel(), dtype=torch.float64), torch.zeros(flat.numel(), dtype=torch.float64))
+        if self.calls >= _C.binned_max_terms():
+            raise RuntimeError(f"pycomm.exact_data_parallel: more than {_C.binned_max_terms()} micro-batches in a step")
+        _C.add_to_bins(*self.state, flat)
+        self.calls += 1
+        self.merged = False
+        if not self.owner._finishing:
+            output_tensor.zero_()  # FSDP adds it to the shard's gradient: nothing yet
+            return None
+        index, hi, lo = self.state
+        top = index.clone()
+        _exact_all_reduce(top, dist.ReduceOp.MAX, group)
+        _C.align_bins(index, hi, lo, top)
+        shard = output_tensor.numel()
+        hi_shard = torch.empty(shard, dtype=torch.float64)
+        lo_shard = torch.empty(shard, dtype=torch.float64)
+        _exact_reduce_scatter(hi_shard, hi, group)
+        _exact_reduce_scatter(lo_shard, lo, group)
+        count = torch.tensor([float(self.calls)], dtype=torch.float64)
+        _exact_all_reduce(count, dist.ReduceOp.SUM, group)
+        total = count.item()
+        divisor = total if self.owner.average else 1.0
+        _C.value_of_bins(output_tensor.view(-1), hi_shard, lo_shard, divisor)
+        self.state, self.calls, self.merged = None, 0, True
+        return None
+
+    def check_merged(self):
+        if not self.merged:
+            self.state, self.calls, self.merged = None, 0, True
+            raise RuntimeError("pycomm.exact_data_parallel: under FSDP2 the step's last backward must run inside "
+                               "edp.last_micro_batch(), where the ranks' gradients are merged")

@@ -156,33 +156,48 @@ def _perturb(model, seed, rank):
 def _digest(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2's shards, gathered
+        h.update(full.detach().numpy().tobytes())
     return h.hexdigest()
 
 
 def _train(rank, ws, kind, how, group, seed):
     """STEPS AdamW steps on the global batch of MICRO_BATCHES micro-batches, this rank
-    computing its contiguous share; ``how``: "exact" (the accumulator), a codec (the
-    accumulator with that compression) or "ddp" (DistributedDataParallel, no_sync for all
-    but the last local micro-batch, each loss divided by the local count). Returns the
-    parameters' digest after every step and the last step's loss over the global batch."""
+    computing its contiguous share; ``how``: "exact" (the accumulator), "fsdp" (the
+    accumulator in FSDP2's reduce-scatter, every layer and the root sharded over the
+    group), a codec (the accumulator with that compression) or "ddp"
+    (DistributedDataParallel, no_sync for all but the last local micro-batch, each loss
+    divided by the local count). Returns the parameters' digest after every step and the
+    last step's loss over the global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _model(kind)
     _perturb(model, seed, rank)
     mine = range(rank * MICRO_BATCHES // ws, (rank + 1) * MICRO_BATCHES // ws)
+    if how == "fsdp":
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, "cpu")
+        for layer in model:
+            if any(p.requires_grad for p in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     if how == "ddp":
         trained = DDP(model, process_group=group)
     else:
         trained = model
-        edp = pycomm.exact_data_parallel(model, group, compression=None if how == "exact" else how)
+        edp = pycomm.exact_data_parallel(model, group, compression=None if how in ("exact", "fsdp") else how)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     digests = []
     for step in range(STEPS):
         for i, m in enumerate(mine):
             x, y = _micro_batch(kind, step, m)
             last = i == len(mine) - 1
-            context = trained.no_sync() if how == "ddp" and not last else contextlib.nullcontext()
+            if how == "ddp":
+                context = contextlib.nullcontext() if last else trained.no_sync()
+            else:
+                context = edp.last_micro_batch() if last else contextlib.nullcontext()
             with context:
                 loss = torch.nn.functional.mse_loss(trained(x), y)
                 (loss / len(mine) if how == "ddp" else loss).backward()
@@ -259,18 +274,38 @@ def test_invariant_under_perturbation_on_any_group_and_with_fp8(plain_runs):
         assert abs(fp8_a[1] - reference_loss) <= FP8_LOSS_BOUND * reference_loss, (fp8_a[1], reference_loss)
 
 
+def test_fsdp2_with_the_accumulator_is_world_size_invariant(plain_runs):
+    """FSDP2 (every layer and the root sharded) with the accumulator in its reduce-scatter,
+    2 ranks on the pycomm world and 4 over gloo, perturbed: the 1-rank run's bits after
+    every step."""
+    kinds = ("mlp", "transformer")
+    for ws, on in ((2, "pycomm"), (4, "gloo")):
+        results = run_world(trainings_world, ws, args=([(kind, "fsdp", on, ws) for kind in kinds],), timeout=300)
+        for result in results:
+            for kind, (digests, _) in zip(kinds, result):
+                reference = plain_runs[1][PLAIN.index((kind, "exact", "pycomm", None))][0]
+                assert digests == reference, f"{kind}: FSDP2 at {ws} ranks differs from 1 rank"
+
+
 def refusals_world(rank, ws):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    solo = [dist.new_group([r]) for r in range(ws)][rank]  # every rank creates every group
+
+    def sharded_on_one_rank():
+        model = _model("mlp")
+        fully_shard(model, mesh=DeviceMesh.from_group(solo, "cpu"))
+        pycomm.exact_data_parallel(model, solo)
+
     problems = []
-    for build, expected in [(lambda: DDP(_model("mlp")), "pass the module itself"),
-                            (lambda: _model("mlp").double(), "float32, float16 or bfloat16"),
-                            (None, "compression='fp9'")]:
+    for build, expected in [(lambda: pycomm.exact_data_parallel(DDP(_model("mlp"))), "pass the module itself"),
+                            (sharded_on_one_rank, "does not call its reduce-scatter on one rank"),
+                            (lambda: pycomm.exact_data_parallel(_model("mlp").double()), "float32, float16 or bfloat16"),
+                            (lambda: pycomm.exact_data_parallel(_model("mlp"), compression="fp9"), "compression='fp9'")]:
         try:
-            if build is None:
-                pycomm.exact_data_parallel(_model("mlp"), compression="fp9")
-            else:
-                pycomm.exact_data_parallel(build())
+            build()
             problems.append(expected + ": accepted")
         except ValueError as e:
             if expected not in str(e):
