@@ -30,7 +30,7 @@ DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends defa
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
 PYTEST_ARGS ?=
 
-.PHONY: all build test bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu conformance openmpi cuda-check core-test clean
+.PHONY: all build test layer-check bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -64,7 +64,7 @@ endif
 # The torch-free core's own tests: threads of one process over real shm and TCP. The core
 # is compiled once per flavour into objects that every test of that flavour links:
 # build/cpp (core-test, -O2), build/asan and build/tsan (sanitize).
-CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/device/*.cc)
+CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/device/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/runtime/*.cc)
 CORE_HEADERS := $(wildcard csrc/*/*.h)
 CORE_CXXFLAGS := -std=c++17 -O2 -fno-trapping-math -Wall -Wextra -pthread -Icsrc
 SAN_CXXFLAGS := -std=c++17 -O1 -g -fno-trapping-math -Wall -Wextra -pthread -Icsrc
@@ -138,8 +138,14 @@ $(foreach f,$(SAN_FLAVOURS),$(eval sanitize-$(f): $$($(f)_TESTS) ; @$$(call run_
 sanitize: $(foreach f,$(SAN_FLAVOURS),$($(f)_TESTS))
 	@$(foreach f,$(SAN_FLAVOURS),$(call run_sanitized,$(f));)
 
+# Layers of csrc/, lowest first: a file includes headers of its own layer and of those
+# below it, never above (tests/check_layers.py).
+LAYERS := core device transport algorithms runtime cuda binding
+layer-check:
+	@$(PYTHON) tests/check_layers.py $(LAYERS)
+
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
-test: build cuda-check core-test
+test: layer-check build cuda-check core-test
 	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

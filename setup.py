@@ -1,6 +1,6 @@
 """Builds pycomm._C against the torch that is already installed (no build isolation).
 
-The C++ core (csrc/core, transport, algorithms, device) includes no torch header; only
+The C++ core (csrc/core, device, transport, algorithms, runtime) includes no torch header; only
 csrc/binding does. The CUDA runtime and kernels (csrc/cuda) are compiled when
 PYCOMM_WITH_CUDA allows it: auto (the default) when torch has CUDA and nvcc exists, 1 to
 require them, 0 never. PYCOMM_CUDA_ARCH lists the compute capabilities to compile for
@@ -14,7 +14,7 @@ from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CORE_DIRS = ["core", "transport", "algorithms", "device", "binding"]
+CORE_DIRS = ["core", "device", "transport", "algorithms", "runtime", "binding"]
 # -fno-trapping-math: nothing reads floating-point exception flags, so selects between
 # float results may compute both sides, which lets the branch-free conversions of
 # numerics.h vectorize; every result stays bit for bit the same.

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(is_gloo(), reason="pycomm's own observability")
 # "pycomm: group '0': allreduce #3 (float32, sum, 1000 elements, ring): selected, 4000 B,
 #  algorithm ring, compression none, determinism 0, 81.2 us"
 INFO_LINE = re.compile(r"^pycomm: group '[^']*': (\w+) #(\d+) \((\w+), .*: (?:.*, )?(\d+) B, "
-                       r"algorithm (\w+), compression (\w+), determinism (\w+), (\d+\.\d) us$")
+                       r"algorithm ([\w+-]+), compression (\w+), determinism (\w+), (\d+\.\d) us$")
 
 
 def some_operations(rank, ws):
@@ -52,7 +52,7 @@ def test_info_logs_one_line_per_operation_on_rank_0():
     got = [(op, int(seq), dtype, int(nbytes), algo, codec, det)
            for op, seq, dtype, nbytes, algo, codec, det, _ in parsed]
     assert got[0][:4] == ("allreduce", 1, "float32", 4000), got
-    assert got[1] == ("allreduce", 2, "float32", 4000, "ring", "fp16", "0"), got
+    assert got[1] == ("allreduce", 2, "float32", 4000, "direct+ring", "fp16", "0"), got
     assert got[2][:4] == ("reduce_scatter", 3, "float32", 4000), got
     assert got[3][:4] == ("allgather", 4, "float32", 4000), got
     assert got[4] == ("broadcast", 5, "int32", 40, "chain", "none", "0"), got
@@ -117,7 +117,7 @@ def test_stats_work_choices_and_flight_recorder_on_demand(tmp_path):
         assert s["collectives"]["broadcast"]["chain"]["calls"] == 1, s
         assert s["last"]["collective"] == "broadcast" and s["last"]["state"] == "completed", s["last"]
 
-        assert r["choices"]["direct"] == ("ring", "fp8_e4m3", "0"), r["choices"]
+        assert r["choices"]["direct"] == ("direct+ring", "fp8_e4m3", "0"), r["choices"]
         # Integers are never compressed; deterministic=True is level 1.
         assert r["choices"]["int"][1:] == ("none", "1"), r["choices"]
         assert r["choices"]["broadcast"] == ("chain", "none", "0"), r["choices"]
@@ -126,12 +126,58 @@ def test_stats_work_choices_and_flight_recorder_on_demand(tmp_path):
         assert r["recorder"]["format"] == "pycomm.flight_recorder/1", r["recorder"]
         assert [e["id"] for e in entries] == [4, 5, 6, 7, 8], "the last 5 of 8 operations: %s" % entries
         assert [e["seq"] for e in entries] == [4, 5, 6, 7, 8], entries
-        assert entries[2]["compression"] == "fp8_e4m3" and entries[2]["algorithm"] == "ring", entries[2]
+        assert entries[2]["compression"] == "fp8_e4m3" and entries[2]["algorithm"] == "direct+ring", entries[2]
         assert entries[2]["bytes"] == 4 << 18 and entries[2]["count"] == 1 << 18, entries[2]
         assert all(e["state"] == "completed" and e["duration_us"] > 0 for e in entries), entries
         assert entries[-1]["root"] == 0 and entries[0]["reduce_op"] == "sum", entries
         assert r["written"] == dump % rank
         assert r["dumped"]["entries"] == entries and r["dumped"]["reason"] == "requested"
+
+
+# Asked for as "ring", these run other shapes; each is named by what ran.
+ASKED_AS_RING = [
+    ("allreduce", dict(deterministic=True), "direct+ring"),       # direct reduce-scatter, ring all-gather
+    ("allreduce", dict(deterministic="exact"), "direct+ring"),
+    ("allreduce", dict(compression="fp16"), "direct+ring"),
+    ("reduce_scatter", dict(deterministic=True), "direct"),      # contributions go straight to their owner
+    ("reduce_scatter", dict(compression="fp8_e4m3"), "direct"),
+    ("allreduce", dict(), "ring"),
+    ("reduce_scatter", dict(), "ring"),
+]
+
+
+def labels_world(rank, ws):
+    import pycomm
+
+    def run():
+        works = []
+        for collective, options, _ in ASKED_AS_RING:
+            if collective == "allreduce":
+                work = pycomm.all_reduce(torch.ones(4096), algorithm="ring", async_op=True, **options)
+            else:
+                work = pycomm.reduce_scatter_tensor(torch.empty(4096), torch.ones(4096 * ws), algorithm="ring",
+                                                    async_op=True, **options)
+            work.wait()
+            works.append(work.algorithm)
+        return works
+
+    works, text = capture_stderr(run)
+    logged = [INFO_LINE.match(line).group(5) for line in text.splitlines() if INFO_LINE.match(line)]
+    return {"works": works, "logged": logged, "stats": pycomm.stats()["collectives"]}
+
+
+def test_labels_name_what_ran_not_what_was_asked():
+    results = run_world(labels_world, 3, env={"PYCOMM_DEBUG": "INFO"}, timeout=120)
+    want = [label for _, _, label in ASKED_AS_RING]
+    for rank, r in enumerate(results):
+        assert r["works"] == want, r["works"]
+        counted = {}
+        for collective, _, label in ASKED_AS_RING:
+            counted.setdefault(collective, {}).setdefault(label, 0)
+            counted[collective][label] += 1
+        got = {c: {label: s["calls"] for label, s in algos.items()} for c, algos in r["stats"].items()}
+        assert got == counted, got
+    assert results[0]["logged"] == want, results[0]["logged"]
 
 
 TIMEOUT_S = 2

@@ -12,12 +12,14 @@
 
 #include "core/deadline.h"
 #include "core/fault.h"
+#include "core/link_cost.h"
 #include "core/perturbation.h"
+#include "core/request.h"
 #include "core/topology.h"
-#include "core/transport.h"
 #include "core/types.h"
-#include "core/workspace.h"
 #include "device/device_ops.h"
+#include "device/workspace.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 
@@ -25,28 +27,6 @@ namespace pycomm {
 struct FrameTrace {
   std::string prefix;  // "pycomm: group 'g' rank r: "
   void frame(const OpStamp& op, bool sent, int group_peer, size_t bytes) const;
-};
-
-// Recv's root for a receive from whichever rank sends first (with the recv's tag).
-constexpr int kAnySource = -1;
-
-// One operation, as validated by the caller. Counts are in elements of `dtype`.
-struct Request {
-  Collective collective = Collective::AllReduce;
-  DataType dtype = DataType::Float32;
-  Reduction reduction;     // normalized for dtype
-  CallOptions options;
-  const void* input = nullptr;
-  void* output = nullptr;  // may equal input where the collective is in place
-  int device = -1;         // input and output are in this CUDA device's memory; -1: host
-  // AllReduce, Broadcast, Reduce, Send, Recv: elements of the buffer.
-  // ReduceScatter, AllGather, Gather, Scatter: elements per rank.
-  size_t count = 0;
-  int root = 0;            // Broadcast, Reduce, Gather, Scatter; the peer for Send/Recv
-  int tag = 0;             // Send/Recv
-  int* source = nullptr;   // Recv from kAnySource: receives the rank whose send it took
-  std::vector<size_t> send_counts, recv_counts;  // AllToAll, per peer, contiguous
-  std::chrono::milliseconds timeout{0};          // 0: the group's timeout
 };
 
 // An algorithm runs on a team: the whole group, or a subset of it (hierarchical runs its
@@ -71,6 +51,7 @@ struct Context {
   const FaultInjector* fault = nullptr;   // test hook (PYCOMM_FAULT) for this rank; null: none
   const FrameTrace* trace = nullptr;      // PYCOMM_DEBUG=TRACE; null: off
   Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
+  DeviceTeam* device_team = nullptr;      // the group's device team on this memory; null: none
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
@@ -178,7 +159,7 @@ void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm);
 void ring_allreduce(const Context& cx, const Request& rq);
 // Deterministic modes' ring: the direct reduce-scatter of twoshot (each element reduced by
 // its owner from all contributions) and the ring all-gather.
-void ordered_ring_allreduce(const Context& cx, const Request& rq);
+void direct_ring_allreduce(const Context& cx, const Request& rq);
 void tree_allreduce(const Context& cx, const Request& rq);
 void hierarchical_allreduce(const Context& cx, const Request& rq);
 void oneshot_allreduce(const Context& cx, const Request& rq);
@@ -196,7 +177,6 @@ void p2p_send(const Context& cx, const Request& rq);
 void p2p_recv(const Context& cx, const Request& rq);
 void dissemination_barrier(const Context& cx, const Request& rq);
 
-struct LinkCost;
 // Measures the link to `peer`; both ends call it at the same point, one as initiator.
 LinkCost ping_pong(const Context& cx, int peer, bool initiator);
 // The time of one message step when every rank of `team` communicates at once.

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
-#include "core/selection.h"
+#include "core/link_cost.h"
 
 namespace pycomm {
 namespace {

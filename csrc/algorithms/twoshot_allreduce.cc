@@ -31,6 +31,6 @@ void reduce_scatter_then_gather(const Context& cx, const Request& rq, bool ring_
 
 void twoshot_allreduce(const Context& cx, const Request& rq) { reduce_scatter_then_gather(cx, rq, false); }
 
-void ordered_ring_allreduce(const Context& cx, const Request& rq) { reduce_scatter_then_gather(cx, rq, true); }
+void direct_ring_allreduce(const Context& cx, const Request& rq) { reduce_scatter_then_gather(cx, rq, true); }
 
 }  // namespace pycomm

@@ -10,7 +10,7 @@
 #include "binding/codecs.h"
 #include "binding/store_adapter.h"
 #include "binding/tables.h"
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -65,6 +65,16 @@ c10::Stream current_stream(const at::Device& device) {
 
 PycommWork::PycommWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> result)
     : Work(rank, type, title), result_(std::move(result)) {}
+
+Communicator::Choices PycommWork::choices() const {
+  std::lock_guard<std::mutex> lock(choices_mutex_);
+  return choices_;
+}
+
+void PycommWork::set_choices(Communicator::Choices c) {
+  std::lock_guard<std::mutex> lock(choices_mutex_);
+  choices_ = std::move(c);
+}
 
 int PycommWork::sourceRank() const {
   TORCH_CHECK_VALUE(source >= 0, "pycomm: source_rank() is known only for a completed recv from any source");
@@ -201,9 +211,9 @@ CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& al
                                              const std::string& compression, const std::string& determinism) const {
   CallOptions o = comm_->config().options_for(c);
   try {
-    if (!algorithm.empty()) o.algorithm = parse_algorithm(algorithm);
-    if (!compression.empty()) o.compression = parse_compression(compression);
-    if (!determinism.empty()) o.determinism = parse_determinism(determinism);
+    if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
+    if (!compression.empty()) o.compression = parse<Compression>(compression);
+    if (!determinism.empty()) o.determinism = parse<Determinism>(determinism);
   } catch (const Error& e) {
     rethrow_for_torch(e);
   }
@@ -238,9 +248,13 @@ void ProcessGroupPycomm::validate(Launch& l, const char* title) {
   }
 }
 
-void ProcessGroupPycomm::run(Launch& l) {
+std::optional<Communicator::Choices> ProcessGroupPycomm::run(Launch& l) {
   if (l.ready) l.ready->synchronize();
-  for (const Request& rq : l.requests) comm_->execute(rq);
+  std::optional<Communicator::Choices> first;
+  for (const Request& rq : l.requests) {
+    const Plan plan = comm_->execute(rq);
+    if (!first) first = Communicator::choices(rq, plan);
+  }
   for (auto& copy_back : l.after) copy_back();
   // Copy-backs into CUDA tensors ran on this thread's current stream: complete them.
   if (!l.after.empty())
@@ -249,6 +263,7 @@ void ProcessGroupPycomm::run(Launch& l) {
         current_stream(t.device()).synchronize();
         break;
       }
+  return first;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
@@ -256,13 +271,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   validate(l, title);
   const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
-  if (!l.requests.empty()) work->choices = comm_->choices(l.requests.front());
+  if (!l.requests.empty()) work->set_choices(comm_->choices(l.requests.front()));
   for (Request& rq : l.requests)
     if (rq.collective == Collective::Recv && rq.root == kAnySource) rq.source = &work->source;
   auto job = std::make_shared<Launch>(std::move(l));
   auto task = [this, work, job] {
     try {
-      run(*job);
+      if (const auto ran = run(*job)) work->set_choices(*ran);
       work->complete(nullptr);
     } catch (const Error& e) {
       work->complete(torch_exception(e));

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "core/communicator.h"
-#include "core/engine.h"
+#include "runtime/communicator.h"
+#include "runtime/engine.h"
 
 namespace pycomm {
 
@@ -29,8 +30,11 @@ class PycommWork final : public c10d::Work {
   // Completes the work (and its future, if any) with success or `error`; called once, by
   // the engine.
   void complete(std::exception_ptr error);
-  // What runs the work's (first) operation: set at launch, before the Work is returned.
-  Communicator::Choices choices;
+  // What runs the work's (first) operation: planned at launch, before the Work is
+  // returned, and replaced by what ran once it has run (a collective on a CUDA device's
+  // memory may learn its device team only then). Any thread.
+  Communicator::Choices choices() const;
+  void set_choices(Communicator::Choices c);
   // A recv from any source: the rank it received from, written before complete().
   int source = -1;
   int sourceRank() const override;
@@ -43,6 +47,8 @@ class PycommWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // guarded by future_mutex_
   bool done_ = false;                                // guarded by future_mutex_
   std::exception_ptr error_;                         // set before done_
+  mutable std::mutex choices_mutex_;
+  Communicator::Choices choices_;                    // guarded by choices_mutex_
 };
 
 // What one Work runs: requests in order, then copies out of staging buffers.
@@ -109,7 +115,7 @@ class ProcessGroupPycomm final : public c10d::Backend {
   CallOptions call_options(Collective c, const std::string& algorithm, const std::string& compression,
                            const std::string& determinism) const;
   std::string describe_transports() const { return comm_->describe_transports(); }
-  // pycomm.stats() and the flight recorder (JSON texts, see core/recorder.h).
+  // pycomm.stats() and the flight recorder (JSON texts, see runtime/recorder.h).
   std::string stats_json() const;
   std::string flight_recorder_json() const;
   std::string dump_flight_recorder(const std::string& path) const;
@@ -137,7 +143,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // calling thread and returns nullptr (done; an error raises), with no Work at all.
   c10::intrusive_ptr<c10d::Work> launch_direct(c10d::OpType type, const char* title, Launch&& l, bool blocking);
   void validate(Launch& l, const char* title);
-  void run(Launch& l);  // executes the requests, then the copy-backs
+  // Executes the requests, then the copy-backs; returns what ran the first request.
+  std::optional<Communicator::Choices> run(Launch& l);
 
   std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;

@@ -9,7 +9,7 @@
 #include "core/config.h"
 #include "core/dispatch.h"
 #include "device/device_ops.h"
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -44,7 +44,7 @@ ReduceSpec codec_spec(at::ScalarType dtype, const std::string& codec, int64_t bl
   ReduceSpec spec;
   try {
     spec.dtype = to_core(dtype);
-    spec.codec = parse_compression(codec);
+    spec.codec = parse<Compression>(codec);
   } catch (const Error& e) {
     rethrow_for_torch(e);
   }

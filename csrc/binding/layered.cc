@@ -6,7 +6,7 @@
 #include "binding/tables.h"
 #include "core/config.h"
 #include "core/dispatch.h"
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -61,8 +61,8 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
   return run([&] {
     const Config config = Config::from_env();
     CallOptions o = config.options_for(c);
-    if (!compression.empty()) o.compression = parse_compression(compression);
-    if (!determinism.empty()) o.determinism = parse_determinism(determinism);
+    if (!compression.empty()) o.compression = parse<Compression>(compression);
+    if (!determinism.empty()) o.determinism = parse<Determinism>(determinism);
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
     return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
@@ -97,7 +97,7 @@ std::vector<int64_t> segment_begins(int64_t count, int64_t parts, int64_t unit) 
 
 int64_t encoded_size(const std::string& codec, int64_t block, int64_t count) {
   TORCH_CHECK_VALUE(block >= 1 && count >= 0, "pycomm: encoded_size of ", count, " elements in blocks of ", block);
-  const Compression c = run([&] { return parse_compression(codec); });
+  const Compression c = run([&] { return parse<Compression>(codec); });
   TORCH_CHECK_VALUE(c != Compression::None, "pycomm: codec 'none' has no encoding");
   return static_cast<int64_t>(encoded_bytes(c, static_cast<size_t>(block), static_cast<size_t>(count)));
 }
@@ -113,7 +113,7 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
     spec.reduction = to_core(op);
     check_reducible(spec.dtype, spec.reduction);
     spec.reduction = normalized(spec.dtype, spec.reduction);
-    spec.codec = parse_compression(codec);
+    spec.codec = parse<Compression>(codec);
   });
   spec.world_size = static_cast<int>(world_size);
   spec.exact = exact;

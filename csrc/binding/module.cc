@@ -7,7 +7,7 @@
 #include "binding/backend.h"
 #include "binding/codecs.h"
 #include "binding/layered.h"
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"
 #endif
@@ -63,9 +63,9 @@ PYBIND11_MODULE(_C, m) {
   // The Work of every pycomm operation; pybind11 returns it as this subclass of torch's
   // Work, so torch.distributed's callers see a Work and pycomm's also what ran.
   py::class_<pycomm::PycommWork, c10d::Work, c10::intrusive_ptr<pycomm::PycommWork>>(m, "Work")
-      .def_property_readonly("algorithm", [](const pycomm::PycommWork& w) { return w.choices.algorithm; })
-      .def_property_readonly("compression", [](const pycomm::PycommWork& w) { return w.choices.compression; })
-      .def_property_readonly("determinism", [](const pycomm::PycommWork& w) { return w.choices.determinism; });
+      .def_property_readonly("algorithm", [](const pycomm::PycommWork& w) { return w.choices().algorithm; })
+      .def_property_readonly("compression", [](const pycomm::PycommWork& w) { return w.choices().compression; })
+      .def_property_readonly("determinism", [](const pycomm::PycommWork& w) { return w.choices().determinism; });
 
   m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"),
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());

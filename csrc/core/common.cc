@@ -1,16 +1,12 @@
-// Small shared pieces of the core: names, errno messages, spinning, the store helper,
-// frame checks.
+// Small shared pieces of the core: errno messages, spinning, the store helper.
 #include <sched.h>
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
-#include "error.h"
-#include "deadline.h"
-#include "store.h"
-#include "transport.h"
-#include "types.h"
+#include "core/deadline.h"
+#include "core/error.h"
+#include "core/store.h"
 
 namespace pycomm {
 
@@ -50,69 +46,6 @@ std::vector<std::string> all_gather_strings(Store& store, const std::string& pre
     all[r] = store.get(key);
   }
   return all;
-}
-
-std::string PeerInfo::describe() const {
-  std::ostringstream os;
-  os << "rank " << rank << " (pid " << pid << " on " << hostname << ")";
-  return os.str();
-}
-
-std::string describe(const OpStamp& op) {
-  std::ostringstream os;
-  const auto c = static_cast<Collective>(op.collective);
-  os << name_of(c) << " #" << op.seq << " (" << name_of(static_cast<DataType>(op.dtype));
-  if (reduces(c))
-    os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
-  os << ", " << op.count << " elements";
-  if (selects_algorithm(c))
-    os << ", " << name_of(static_cast<Algorithm>(op.algorithm));
-  if (op.compression)
-    os << ", " << name_of(static_cast<Compression>(op.compression)) << "/" << (size_t{1} << op.compression_block);
-  if (has_root(c))
-    os << ", root " << op.root;
-  if (c == Collective::Send || c == Collective::Recv) os << ", tag " << op.root;
-  os << ")";
-  return os.str();
-}
-
-// The first field of a received stamp that describe() cannot print, as "<field> <value>",
-// or "": enums out of range (their name is "?") and blocks that do not fit a size_t.
-static std::string field_out_of_range(const OpStamp& op) {
-  const auto unknown = [](const char* name) { return std::string(name) == "?"; };
-  const struct {
-    const char* field;
-    unsigned value;
-    bool bad;
-  } fields[] = {
-      {"collective", op.collective, unknown(name_of(static_cast<Collective>(op.collective)))},
-      {"dtype", op.dtype, unknown(name_of(static_cast<DataType>(op.dtype)))},
-      {"reduce op", op.reduce, unknown(name_of(static_cast<ReduceKind>(op.reduce)))},
-      {"algorithm", op.algorithm, unknown(name_of(static_cast<Algorithm>(op.algorithm)))},
-      {"compression", op.compression, unknown(name_of(static_cast<Compression>(op.compression)))},
-      {"compression block", op.compression_block, op.compression_block >= 64},
-      {"determinism", op.determinism, unknown(name_of(static_cast<Determinism>(op.determinism)))},
-  };
-  for (const auto& f : fields)
-    if (f.bad) return std::string(f.field) + " " + std::to_string(f.value);
-  return "";
-}
-
-void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer) {
-  if (got.magic != kFrameMagic || got.kind != static_cast<uint16_t>(FrameKind::Data))
-    fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe());
-  if (!(got.op == expect.op)) {
-    // `got` came off the wire: only a stamp whose fields are all in range is described.
-    const std::string bad = field_out_of_range(got.op);
-    if (!bad.empty()) fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe() + ": " + bad);
-    fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(got.op) +
-                                  " but this rank is in " + describe(expect.op) +
-                                  ": ranks called different collectives or arguments");
-  }
-  if (got.bytes != expect.bytes)
-    fail(ErrorKind::Mismatch, peer.describe() + " sent " + std::to_string(got.bytes) +
-                                  " bytes where " + std::to_string(expect.bytes) +
-                                  " were expected in " + describe(expect.op));
 }
 
 }  // namespace pycomm

@@ -1,11 +1,11 @@
-#include "config.h"
+#include "core/config.h"
 
 #include <algorithm>
 #include <unistd.h>
 
 #include <cstdlib>
 
-#include "error.h"
+#include "core/error.h"
 
 namespace pycomm {
 
@@ -63,7 +63,7 @@ long long int_knob(const char* name, long long lo, long long hi) {
 // (collective names as in logs, underscores optional) and leaves the others on auto.
 void parse_algorithms(const std::string& value, Config& c) {
   if (value.find('=') == std::string::npos) {
-    c.defaults.algorithm = parse_algorithm(value);
+    c.defaults.algorithm = parse<Algorithm>(value);
     for (auto& a : c.algorithm_of) a = c.defaults.algorithm;
     return;
   }
@@ -83,7 +83,7 @@ void parse_algorithms(const std::string& value, Config& c) {
     }
     if (eq == std::string::npos || found < 0)
       fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_ALGO item '" + item + "' is not <collective>=<algorithm> (e.g. allreduce=ring)");
-    c.algorithm_of[found] = parse_algorithm(item.substr(eq + 1));
+    c.algorithm_of[found] = parse<Algorithm>(item.substr(eq + 1));
   }
 }
 
@@ -92,13 +92,13 @@ void parse_algorithms(const std::string& value, Config& c) {
 Config Config::from_env() {
   Config c;
   parse_algorithms(knob_value("PYCOMM_ALGO"), c);
-  c.defaults.compression = parse_compression(knob_value("PYCOMM_COMPRESSION"));
+  c.defaults.compression = parse<Compression>(knob_value("PYCOMM_COMPRESSION"));
   c.compression_block = static_cast<size_t>(int_knob("PYCOMM_COMPRESSION_BLOCK", 16, 1024));
   if (c.compression_block & (c.compression_block - 1))
     fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_COMPRESSION_BLOCK=" + std::to_string(c.compression_block) +
                                          " is not a power of two");
   c.defaults.compression_block = c.compression_block;
-  c.defaults.determinism = parse_determinism(knob_value("PYCOMM_DETERMINISTIC"));
+  c.defaults.determinism = parse<Determinism>(knob_value("PYCOMM_DETERMINISTIC"));
   const std::string t = knob_value("PYCOMM_TRANSPORT");
   if (t == "auto") c.transport = TransportChoice::Auto;
   else if (t == "shm") c.transport = TransportChoice::Shm;

@@ -4,9 +4,9 @@
 
 #include <type_traits>
 
-#include "error.h"
-#include "numerics.h"
-#include "types.h"
+#include "core/error.h"
+#include "core/numerics.h"
+#include "core/types.h"
 
 namespace pycomm {
 

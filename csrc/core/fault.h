@@ -44,7 +44,7 @@
 #include <string>
 #include <vector>
 
-#include "core/transport.h"
+#include "core/wire.h"
 
 namespace pycomm {
 

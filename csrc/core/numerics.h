@@ -12,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "types.h"
+#include "core/types.h"
 
 #if defined(__CUDACC__)
 #define PYCOMM_HD __host__ __device__ __forceinline__

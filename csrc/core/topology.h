@@ -1,5 +1,5 @@
 // How the ranks of a group are grouped into nodes (hosts, or PYCOMM_RANKS_PER_NODE
-// groups), which is what hierarchical algorithms and the selection need to know.
+// groups), which is what hierarchical algorithms and the plans need to know.
 #pragma once
 
 #include <vector>

@@ -1,8 +1,73 @@
-#include "types.h"
+#include "core/types.h"
 
-#include "error.h"
+#include "core/error.h"
 
 namespace pycomm {
+
+void fail_unknown_name(const char* noun, const std::string& text, const std::vector<std::string>& accepted) {
+  std::string list;
+  for (const std::string& name : accepted) list += (list.empty() ? "" : "|") + name;
+  fail(ErrorKind::InvalidArgument, std::string("pycomm: invalid ") + noun + " '" + text + "' (expected " + list + ")");
+}
+
+template <>
+const EnumTable<DataType>& table_of<DataType>() {
+  static const EnumTable<DataType> t{"dtype", {{DataType::Float32, "float32"}, {DataType::Float64, "float64"},
+      {DataType::Float16, "float16"}, {DataType::BFloat16, "bfloat16"}, {DataType::Int8, "int8"},
+      {DataType::UInt8, "uint8"}, {DataType::Int32, "int32"}, {DataType::Int64, "int64"}, {DataType::Bool, "bool"}}};
+  return t;
+}
+
+template <>
+const EnumTable<ReduceKind>& table_of<ReduceKind>() {
+  static const EnumTable<ReduceKind> t{"reduce op", {{ReduceKind::Sum, "sum"}, {ReduceKind::Avg, "avg"},
+      {ReduceKind::Product, "product"}, {ReduceKind::Min, "min"}, {ReduceKind::Max, "max"},
+      {ReduceKind::BitAnd, "band"}, {ReduceKind::BitOr, "bor"}, {ReduceKind::BitXor, "bxor"},
+      {ReduceKind::PremulSum, "premul_sum"}}};
+  return t;
+}
+
+template <>
+const EnumTable<Collective>& table_of<Collective>() {
+  static const EnumTable<Collective> t{"collective", {{Collective::AllReduce, "allreduce"},
+      {Collective::ReduceScatter, "reduce_scatter"}, {Collective::AllGather, "allgather"},
+      {Collective::Broadcast, "broadcast"}, {Collective::Reduce, "reduce"}, {Collective::Gather, "gather"},
+      {Collective::Scatter, "scatter"}, {Collective::AllToAll, "alltoall"}, {Collective::Send, "send"},
+      {Collective::Recv, "recv"}, {Collective::Barrier, "barrier"}}};
+  return t;
+}
+
+template <>
+const EnumTable<Algorithm>& table_of<Algorithm>() {
+  static const EnumTable<Algorithm> t{"algorithm", {{Algorithm::Auto, "auto"}, {Algorithm::Ring, "ring"},
+      {Algorithm::Tree, "tree"}, {Algorithm::Hierarchical, "hierarchical"}, {Algorithm::OneShot, "oneshot"},
+      {Algorithm::TwoShot, "twoshot"}}};
+  return t;
+}
+
+template <>
+const EnumTable<Compression>& table_of<Compression>() {
+  static const EnumTable<Compression> t{"compression", {{Compression::None, "none"}, {Compression::Fp16, "fp16"},
+      {Compression::Bf16, "bf16"}, {Compression::Fp8E4M3, "fp8_e4m3"}, {Compression::Fp8E5M2, "fp8_e5m2"}}};
+  return t;
+}
+
+template <>
+const EnumTable<Determinism>& table_of<Determinism>() {
+  static const EnumTable<Determinism> t{"determinism", {{Determinism::Default, "0"},
+      {Determinism::Ordered, "1"}, {Determinism::Exact, "exact"}}};
+  return t;
+}
+
+template <>
+const EnumTable<Variant>& table_of<Variant>() {
+  static const EnumTable<Variant> t{"variant", {{Variant::Ring, "ring"}, {Variant::DirectRing, "direct+ring"},
+      {Variant::OneShot, "oneshot"}, {Variant::OneShotFlags, "oneshot-flags"}, {Variant::TwoShot, "twoshot"},
+      {Variant::Tree, "tree"}, {Variant::Hierarchical, "hierarchical"}, {Variant::Direct, "direct"},
+      {Variant::Chain, "chain"}, {Variant::Pairwise, "pairwise"}, {Variant::P2P, "p2p"},
+      {Variant::Dissemination, "dissemination"}}};
+  return t;
+}
 
 size_t element_size(DataType t) {
   switch (t) {
@@ -22,53 +87,6 @@ DataType accumulation_type(DataType t) {
   }
 }
 
-const char* name_of(DataType t) {
-  switch (t) {
-    case DataType::Float32: return "float32";
-    case DataType::Float64: return "float64";
-    case DataType::Float16: return "float16";
-    case DataType::BFloat16: return "bfloat16";
-    case DataType::Int8: return "int8";
-    case DataType::UInt8: return "uint8";
-    case DataType::Int32: return "int32";
-    case DataType::Int64: return "int64";
-    case DataType::Bool: return "bool";
-  }
-  return "?";
-}
-
-const char* name_of(ReduceKind k) {
-  switch (k) {
-    case ReduceKind::Sum: return "sum";
-    case ReduceKind::Avg: return "avg";
-    case ReduceKind::Product: return "product";
-    case ReduceKind::Min: return "min";
-    case ReduceKind::Max: return "max";
-    case ReduceKind::BitAnd: return "band";
-    case ReduceKind::BitOr: return "bor";
-    case ReduceKind::BitXor: return "bxor";
-    case ReduceKind::PremulSum: return "premul_sum";
-  }
-  return "?";
-}
-
-const char* name_of(Collective c) {
-  switch (c) {
-    case Collective::AllReduce: return "allreduce";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::AllGather: return "allgather";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Reduce: return "reduce";
-    case Collective::Gather: return "gather";
-    case Collective::Scatter: return "scatter";
-    case Collective::AllToAll: return "alltoall";
-    case Collective::Send: return "send";
-    case Collective::Recv: return "recv";
-    case Collective::Barrier: return "barrier";
-  }
-  return "?";
-}
-
 bool reduces(Collective c) {
   return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
 }
@@ -82,17 +100,6 @@ bool selects_algorithm(Collective c) {
   return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::AllGather;
 }
 
-const char* name_of(Compression c) {
-  switch (c) {
-    case Compression::None: return "none";
-    case Compression::Fp16: return "fp16";
-    case Compression::Bf16: return "bf16";
-    case Compression::Fp8E4M3: return "fp8_e4m3";
-    case Compression::Fp8E5M2: return "fp8_e5m2";
-  }
-  return "?";
-}
-
 size_t code_size(Compression c) {
   return c == Compression::Fp8E4M3 || c == Compression::Fp8E5M2 ? 1 : 2;
 }
@@ -104,21 +111,17 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
   return requested;
 }
 
-const char* name_of(Algorithm a) {
-  switch (a) {
-    case Algorithm::Auto: return "auto";
-    case Algorithm::Ring: return "ring";
-    case Algorithm::Tree: return "tree";
-    case Algorithm::Hierarchical: return "hierarchical";
-    case Algorithm::OneShot: return "oneshot";
-    case Algorithm::TwoShot: return "twoshot";
-  }
-  return "?";
-}
-
 bool is_floating(DataType t) {
   return t == DataType::Float32 || t == DataType::Float64 || t == DataType::Float16 ||
          t == DataType::BFloat16;
+}
+
+Reduction normalized(DataType t, Reduction r) {
+  if (t == DataType::Bool) {
+    if (r.kind == ReduceKind::Sum) r.kind = ReduceKind::Max;
+    if (r.kind == ReduceKind::Product) r.kind = ReduceKind::Min;
+  }
+  return r;
 }
 
 void check_reducible(DataType t, const Reduction& r) {
@@ -135,47 +138,5 @@ void check_reducible(DataType t, const Reduction& r) {
          std::string("pycomm: premul_sum needs a floating dtype, got ") + name_of(t));
 }
 
-namespace {
-template <class E, size_t N>
-E parse_enum(const std::string& s, const char* knob, const std::pair<const char*, E> (&table)[N]) {
-  std::string accepted;
-  for (const auto& [name, value] : table) {
-    if (s == name) return value;
-    accepted += accepted.empty() ? name : std::string("|") + name;
-  }
-  fail(ErrorKind::InvalidArgument,
-       std::string("pycomm: invalid ") + knob + " '" + s + "' (expected " + accepted + ")");
-}
-}  // namespace
-
-Algorithm parse_algorithm(const std::string& s) {
-  static const std::pair<const char*, Algorithm> table[] = {
-      {"auto", Algorithm::Auto}, {"ring", Algorithm::Ring}, {"tree", Algorithm::Tree},
-      {"hierarchical", Algorithm::Hierarchical}, {"oneshot", Algorithm::OneShot},
-      {"twoshot", Algorithm::TwoShot}};
-  return parse_enum(s, "algorithm", table);
-}
-
-Compression parse_compression(const std::string& s) {
-  static const std::pair<const char*, Compression> table[] = {
-      {"none", Compression::None}, {"fp16", Compression::Fp16}, {"bf16", Compression::Bf16},
-      {"fp8_e4m3", Compression::Fp8E4M3}, {"fp8_e5m2", Compression::Fp8E5M2}};
-  return parse_enum(s, "compression", table);
-}
-
-Determinism parse_determinism(const std::string& s) {
-  static const std::pair<const char*, Determinism> table[] = {
-      {"0", Determinism::Default}, {"1", Determinism::Ordered}, {"exact", Determinism::Exact}};
-  return parse_enum(s, "determinism", table);
-}
-
-const char* name_of(Determinism d) {
-  switch (d) {
-    case Determinism::Default: return "0";
-    case Determinism::Ordered: return "1";
-    case Determinism::Exact: return "exact";
-  }
-  return "?";
-}
 
 }  // namespace pycomm

@@ -4,8 +4,42 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pycomm {
+
+// Every enum's strings live in one table, defined beside the enum's other code
+// (table_of<E>()); names, parsing, error messages and the vocabularies Python reads all
+// come from it.
+template <class E>
+struct EnumTable {
+  const char* noun;                                  // "algorithm": for error messages
+  std::vector<std::pair<E, const char*>> entries;    // in the order messages list them
+};
+template <class E>
+const EnumTable<E>& table_of();
+
+template <class E>
+const char* name_of(E value) {
+  for (const auto& [e, name] : table_of<E>().entries)
+    if (e == value) return name;
+  return "?";
+}
+template <class E>
+std::vector<std::string> names() {
+  std::vector<std::string> out;
+  for (const auto& entry : table_of<E>().entries) out.push_back(entry.second);
+  return out;
+}
+// "invalid <noun> '<text>' (expected a|b|c)" as an InvalidArgument error.
+[[noreturn]] void fail_unknown_name(const char* noun, const std::string& text, const std::vector<std::string>& accepted);
+template <class E>
+E parse(const std::string& text) {
+  for (const auto& [e, name] : table_of<E>().entries)
+    if (text == name) return e;
+  fail_unknown_name(table_of<E>().noun, text, names<E>());
+}
 
 enum class DataType : uint8_t {
   Float32, Float64, Float16, BFloat16, Int8, UInt8, Int32, Int64, Bool,
@@ -15,7 +49,6 @@ enum class Collective : uint8_t {
   AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, Gather, Scatter, AllToAll,
   Send, Recv, Barrier,
 };
-const char* name_of(Collective c);
 // The classes of collectives the core treats alike.
 bool reduces(Collective c);            // AllReduce, ReduceScatter, Reduce: take a reduce op
 bool has_root(Collective c);           // Broadcast, Reduce, Gather, Scatter
@@ -34,13 +67,13 @@ size_t element_size(DataType t);
 // The type partial results are kept in (AccOf in numerics.h): float32 for 16-bit floats,
 // uint8 for bool, the type itself otherwise.
 DataType accumulation_type(DataType t);
-const char* name_of(DataType t);
-const char* name_of(ReduceKind k);
 bool is_floating(DataType t);
 
 // Throws pycomm::InvalidArgument when `t` cannot be reduced with `r` (e.g. AVG on bool,
 // bitwise ops on floats). Bool reductions are logical: SUM/MAX = OR, PRODUCT/MIN = AND.
 void check_reducible(DataType t, const Reduction& r);
+// The reduction as the core runs it: bool's logical ones as MAX (or) and MIN (and).
+Reduction normalized(DataType t, Reduction r);
 
 // What the caller may choose per group (environment) or per call. Fields later issues
 // give meaning to (compression, determinism) are carried from the start so the request
@@ -55,7 +88,6 @@ struct CallOptions {
   size_t compression_block = 0;                  // elements per scale (a power of two)
   Determinism determinism = Determinism::Default;
 };
-const char* name_of(Compression c);
 size_t code_size(Compression c);  // bytes per element on the wire (without the scales)
 // The codec a call of collective `c` on `t` runs with when `requested` is asked for:
 // compression applies where it saves bytes of floating data (all-reduce, reduce-scatter
@@ -63,10 +95,25 @@ size_t code_size(Compression c);  // bytes per element on the wire (without the 
 // other call runs uncompressed, so a group-wide PYCOMM_COMPRESSION never touches integers.
 Compression applied_compression(Collective c, DataType t, Compression requested);
 
-const char* name_of(Algorithm a);
-Algorithm parse_algorithm(const std::string& s);
-Compression parse_compression(const std::string& s);
-Determinism parse_determinism(const std::string& s);
-const char* name_of(Determinism d);  // "0", "1", "exact": what PYCOMM_DETERMINISTIC takes
+// What runs a collective, as frames' stamps, logs, stats, the flight recorder and
+// Work.algorithm name it. A requested Algorithm is a family; the plan (runtime/plan.h)
+// picks the variant that runs it for the call's compression and determinism: the
+// all-reduce asked for as "ring" in a deterministic mode or with a codec is a direct
+// reduce-scatter and a ring all-gather, "direct+ring"; the reduce-scatter asked for as
+// "oneshot", or as "ring" in those modes, is "direct".
+enum class Variant : uint8_t {
+  Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
+  Dissemination,
+};
+
+// Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what
+// PYCOMM_DETERMINISTIC takes: 0, 1, exact), "direct+ring".
+template <> const EnumTable<DataType>& table_of<DataType>();
+template <> const EnumTable<ReduceKind>& table_of<ReduceKind>();
+template <> const EnumTable<Collective>& table_of<Collective>();
+template <> const EnumTable<Algorithm>& table_of<Algorithm>();
+template <> const EnumTable<Compression>& table_of<Compression>();
+template <> const EnumTable<Determinism>& table_of<Determinism>();
+template <> const EnumTable<Variant>& table_of<Variant>();
 
 }  // namespace pycomm

@@ -1,4 +1,4 @@
-// The CUDA runtime of the core (device/device_runtime.h): ops on one device's memory and
+// The CUDA runtime of the core (runtime/device_runtime.h): ops on one device's memory and
 // CUDA IPC slot memory. The extension's module registers it when it is loaded.
 //
 // Streams: each DeviceOps has an internal non-blocking stream; every call enqueues its

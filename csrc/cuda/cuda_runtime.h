@@ -2,7 +2,7 @@
 // header needs no CUDA header, so the binding can include it.
 #pragma once
 
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 namespace pycomm {
 

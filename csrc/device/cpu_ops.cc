@@ -9,14 +9,6 @@
 
 namespace pycomm {
 
-Reduction normalized(DataType t, Reduction r) {
-  if (t == DataType::Bool) {
-    if (r.kind == ReduceKind::Sum) r.kind = ReduceKind::Max;
-    if (r.kind == ReduceKind::Product) r.kind = ReduceKind::Min;
-  }
-  return r;
-}
-
 namespace {
 
 // Folds the terms block by block into an accumulator that stays in L1, so any number of

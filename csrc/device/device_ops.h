@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/deadline.h"
 #include "core/types.h"
 
 namespace pycomm {
@@ -31,9 +32,6 @@ struct ReduceSpec {
   // only on the multiset of terms, never on their order or count of zeros.
   bool exact = false;
 };
-
-// Bool reductions are logical: SUM/MAX become MAX (or), PRODUCT/MIN become MIN (and).
-Reduction normalized(DataType t, Reduction r);
 
 // One operand of a reduction: a rank's input in the storage format (its contribution:
 // PREMUL_SUM scales it), partial values already in the accumulation format, or values as
@@ -77,5 +75,24 @@ class DeviceOps {
 };
 
 const DeviceOps& cpu_ops();
+
+// Collectives that devices synchronize among themselves (a team: every rank of a group,
+// all on one host, each device mapping the others' memory). Each member's kernel puts its
+// input in its own memory, raises a flag in each peer's, waits for theirs and reduces: no
+// host thread takes part between the launch and the completion. Made by the device
+// runtime (runtime/device_runtime.h).
+class DeviceTeam {
+ public:
+  virtual ~DeviceTeam() = default;
+  // The largest all-reduce, in bytes.
+  virtual size_t capacity() const = 0;
+  // out = every member's `in` (n elements, at most capacity() bytes) reduced in rank
+  // order per `spec` (uncoded; the final stage): the bits of the host-driven one-shot.
+  // Complete on return. A peer that has not arrived by `deadline` is a Timeout, an exited
+  // peer or abort() a PeerFailure; after a failure the team refuses every call.
+  virtual void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) = 0;
+  // Makes a waiting all_reduce give up; any thread.
+  virtual void abort() = 0;
+};
 
 }  // namespace pycomm

@@ -44,7 +44,7 @@
 
 #include "core/error.h"
 #include "core/peer_watch.h"
-#include "core/transport.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 namespace {

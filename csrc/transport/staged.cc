@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/transport.h"
+#include "transport/transport.h"
 #include "device/device_ops.h"
 
 namespace pycomm {

@@ -82,7 +82,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/transport.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 namespace {

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/communicator.h"
+#include "runtime/communicator.h"
 #include "core/numerics.h"
 #include "core/perturbation.h"
 #include "device/device_ops.h"

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/communicator.h"
-#include "device/device_runtime.h"
+#include "runtime/communicator.h"
+#include "runtime/device_runtime.h"
 #include "check.h"
 #include "world.h"
 

@@ -6,18 +6,18 @@
 #include <string>
 #include <unistd.h>
 
-#include "core/recorder.h"
+#include "runtime/recorder.h"
 #include "check.h"
 
 using namespace pycomm;
 
-static OpStamp stamp(Collective c, uint64_t seq, Algorithm a = Algorithm::Auto) {
+static OpStamp stamp(Collective c, uint64_t seq, Variant v) {
   OpStamp s;
   s.collective = static_cast<uint8_t>(c);
   s.seq = seq;
   s.count = 1000;
   s.dtype = static_cast<uint8_t>(DataType::Float32);
-  s.algorithm = static_cast<uint8_t>(a);
+  s.variant = static_cast<uint8_t>(v);
   return s;
 }
 
@@ -27,10 +27,10 @@ static void test_counters_and_last() {
   Recorder r(8);
   const Recorder::Who who{"g", 1, 4};
   CHECK(has(r.stats_json(who), "\"collectives\": {}, \"last\": null"), "empty: %s", r.stats_json(who).c_str());
-  r.end(r.begin(stamp(Collective::AllReduce, 1, Algorithm::Ring), 4000, -1));
-  r.end(r.begin(stamp(Collective::AllReduce, 2, Algorithm::Ring), 4000, -1));
-  r.end(r.begin(stamp(Collective::AllReduce, 3, Algorithm::Tree), 4000, -1), "boom");
-  r.end(r.begin(stamp(Collective::Broadcast, 4), 40, 0));
+  r.end(r.begin(stamp(Collective::AllReduce, 1, Variant::Ring), 4000, -1));
+  r.end(r.begin(stamp(Collective::AllReduce, 2, Variant::Ring), 4000, -1));
+  r.end(r.begin(stamp(Collective::AllReduce, 3, Variant::Tree), 4000, -1), "boom");
+  r.end(r.begin(stamp(Collective::Broadcast, 4, Variant::Chain), 40, 0));
   const std::string s = r.stats_json(who);
   CHECK(has(s, "\"group\": \"g\", \"rank\": 1, \"size\": 4"), "%s", s.c_str());
   CHECK(has(s, "\"allreduce\": {\"ring\": {\"calls\": 2, \"failures\": 0, \"bytes\": 8000, "), "%s", s.c_str());
@@ -43,9 +43,9 @@ static void test_counters_and_last() {
 
 static void test_flight_recorder_keeps_the_last_and_the_running() {
   Recorder r(3);
-  for (uint64_t i = 1; i <= 5; ++i) r.end(r.begin(stamp(Collective::AllReduce, i, Algorithm::Ring), 4, -1));
-  const uint64_t send = r.begin(stamp(Collective::Send, 1), 4, -1);   // p2p lanes may overlap
-  const uint64_t recv = r.begin(stamp(Collective::Recv, 1), 4, -1);
+  for (uint64_t i = 1; i <= 5; ++i) r.end(r.begin(stamp(Collective::AllReduce, i, Variant::Ring), 4, -1));
+  const uint64_t send = r.begin(stamp(Collective::Send, 1, Variant::P2P), 4, -1);   // p2p lanes may overlap
+  const uint64_t recv = r.begin(stamp(Collective::Recv, 1, Variant::P2P), 4, -1);
   r.end(send);
   const std::string d = r.dump_json({"g", 0, 2}, "a \"quoted\"\nreason");
   CHECK(has(d, "\"format\": \"pycomm.flight_recorder/1\""), "%s", d.c_str());
@@ -62,7 +62,7 @@ static void test_flight_recorder_keeps_the_last_and_the_running() {
   CHECK(has(r.dump_json({"g", 0, 2}, ""), "\"error\": \"peer gone\"}"), "error text");
 
   Recorder none(0);
-  none.end(none.begin(stamp(Collective::Barrier, 1), 0, -1));
+  none.end(none.begin(stamp(Collective::Barrier, 1, Variant::Dissemination), 0, -1));
   CHECK(has(none.dump_json({"g", 0, 1}, ""), "\"entries\": []"), "capacity 0 keeps no entry");
   CHECK(has(none.stats_json({"g", 0, 1}), "\"barrier\": {\"dissemination\": {\"calls\": 1"), "but counts");
 }

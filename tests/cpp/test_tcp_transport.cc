@@ -29,7 +29,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
-#include "core/transport.h"
+#include "transport/transport.h"
 #include "memory_store.h"
 
 using namespace pycomm;

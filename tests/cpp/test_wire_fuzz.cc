@@ -31,8 +31,8 @@
 //   PYCOMM_TEST_SLACK       stretches the timing margins (make sanitize sets 10)
 //
 // Build and run from the repository root (or make core-test / make sanitize):
-//   g++ -std=c++17 -O2 -pthread -Icsrc -Itests/cpp $(ls csrc/core/*.cc csrc/transport/*.cc
-//       csrc/algorithms/*.cc csrc/device/*.cc) tests/cpp/test_wire_fuzz.cc -o /tmp/wire_fuzz
+//   g++ -std=c++17 -O2 -pthread -Icsrc -Itests/cpp $(ls csrc/core/*.cc csrc/device/*.cc
+//       csrc/transport/*.cc csrc/algorithms/*.cc csrc/runtime/*.cc) tests/cpp/test_wire_fuzz.cc -o /tmp/wire_fuzz
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -63,7 +63,7 @@
 #include "check.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "core/transport.h"
+#include "transport/transport.h"
 #include "core/types.h"
 #include "memory_store.h"
 
@@ -875,7 +875,7 @@ std::vector<FrameCase> frame_cases() {
       {"collective 255", with([](FrameHeader& h) { h.op.collective = 255; }), K::Mismatch, "collective 255"},
       {"dtype 9 (out of range)", with([](FrameHeader& h) { h.op.dtype = 9; }), K::Mismatch, "dtype 9"},
       {"reduce op 200", with([](FrameHeader& h) { h.op.reduce = 200; }), K::Mismatch, "reduce op 200"},
-      {"algorithm 6 (out of range)", with([](FrameHeader& h) { h.op.algorithm = 6; }), K::Mismatch, "algorithm 6"},
+      {"variant 12 (out of range)", with([](FrameHeader& h) { h.op.variant = 12; }), K::Mismatch, "variant 12"},
       {"root -1", with([](FrameHeader& h) { h.op.root = -1; }), K::Mismatch, "ranks called different"},
       {"root INT_MIN", with([](FrameHeader& h) { h.op.root = INT_MIN; }), K::Mismatch, "ranks called different"},
       {"compression 5 (out of range)", with([](FrameHeader& h) { h.op.compression = 5; }), K::Mismatch,
@@ -919,7 +919,7 @@ struct Field {
 #define FIELD(m) Field{#m, offsetof(FrameHeader, m), sizeof(FrameHeader{}.m)}
 const Field kFields[] = {
     FIELD(magic), FIELD(kind), FIELD(reserved), FIELD(bytes), FIELD(reserved2), FIELD(op.seq),
-    FIELD(op.count), FIELD(op.collective), FIELD(op.dtype), FIELD(op.reduce), FIELD(op.algorithm),
+    FIELD(op.count), FIELD(op.collective), FIELD(op.dtype), FIELD(op.reduce), FIELD(op.variant),
     FIELD(op.root), FIELD(op.compression), FIELD(op.compression_block), FIELD(op.determinism), FIELD(op.reserved),
 };
 #undef FIELD

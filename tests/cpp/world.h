@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "check.h"
-#include "core/communicator.h"
+#include "runtime/communicator.h"
 #include "memory_store.h"
 
 // Runs body(rank, comm) on `n` threads sharing one store; `configure` adjusts each rank's

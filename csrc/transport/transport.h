@@ -21,64 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
-#include "deadline.h"
-#include "store.h"
+#include "core/config.h"
+#include "core/deadline.h"
+#include "core/store.h"
+#include "core/wire.h"
 
 namespace pycomm {
-
-// Identifies the operation a frame belongs to. Both ends compute it from their own call,
-// so a mismatch between ranks (count, dtype, op, order of collectives) is detected on the
-// first frame instead of hanging or corrupting data.
-struct OpStamp {
-  uint64_t seq = 0;       // collectives: the group's collective count; p2p: per-peer count
-  uint64_t count = 0;     // elements of the whole operation
-  uint8_t collective = 0; // Collective
-  uint8_t dtype = 0;      // DataType
-  uint8_t reduce = 0;     // ReduceKind
-  uint8_t algorithm = 0;  // Algorithm chosen for it: ranks that chose differently fail fast
-  int32_t root = 0;       // root rank or p2p tag
-  uint8_t compression = 0;       // Compression on the wire
-  uint8_t compression_block = 0; // log2 of its block
-  uint8_t determinism = 0;       // Determinism: ranks in different modes would fold differently
-  uint8_t reserved[5] = {};
-  bool operator==(const OpStamp& o) const {
-    return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
-           reduce == o.reduce && algorithm == o.algorithm && root == o.root && compression == o.compression &&
-           compression_block == o.compression_block && determinism == o.determinism;
-  }
-};
-static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");
-
-// "allreduce #12 (float32, sum, 1000 elements)"; implemented with the collective table.
-std::string describe(const OpStamp& op);
-
-enum class FrameKind : uint16_t { Data = 1, Abort = 2 };
-constexpr uint32_t kFrameMagic = 0x70634d46;  // "pcMF"
-
-// Precedes every payload. Every field is validated before the payload is used.
-struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint16_t kind = static_cast<uint16_t>(FrameKind::Data);
-  uint16_t reserved = 0;
-  uint32_t bytes = 0;  // payload bytes, <= chunk_bytes(); for Abort, the reason's length
-  uint32_t reserved2 = 0;
-  OpStamp op;
-};
-static_assert(sizeof(FrameHeader) == 48, "FrameHeader is a wire format");
-
-struct PeerInfo {
-  int rank = -1;
-  int pid = 0;
-  int node = 0;           // index of the node (host, or PYCOMM_RANKS_PER_NODE group)
-  std::string hostname;
-  std::string host_key;   // equal only for processes that can share memory
-  std::string describe() const;  // "rank 2 (pid 1234 on host-a)"
-};
-
-// Throws a Mismatch error unless `got` is a Data frame for exactly `expect`'s operation and
-// size. Shared by every transport so that they report mismatches alike.
-void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer);
 
 class Channel {
  public:

@@ -1,4 +1,4 @@
-#include "core/engine.h"
+#include "runtime/engine.h"
 
 namespace pycomm {
 namespace {

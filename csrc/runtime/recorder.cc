@@ -1,4 +1,4 @@
-#include "core/recorder.h"
+#include "runtime/recorder.h"
 
 #include <unistd.h>
 
@@ -46,7 +46,7 @@ void record_json(std::ostream& os, const OpRecord& r, std::chrono::steady_clock:
   if (reduces(c)) os << ", \"reduce_op\": \"" << name_of(static_cast<ReduceKind>(s.reduce)) << '"';
   if (has_root(c)) os << ", \"root\": " << s.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", \"tag\": " << s.root;
-  os << ", \"algorithm\": \"" << algorithm_label(s) << "\", \"compression\": \""
+  os << ", \"algorithm\": \"" << name_of(static_cast<Variant>(s.variant)) << "\", \"compression\": \""
      << name_of(static_cast<Compression>(s.compression)) << '"';
   if (s.compression) os << ", \"compression_block\": " << (uint64_t{1} << s.compression_block);
   os << ", \"determinism\": \"" << name_of(static_cast<Determinism>(s.determinism)) << "\", \"device\": \""
@@ -71,22 +71,6 @@ int64_t unix_us_now() {
 }
 
 }  // namespace
-
-const char* algorithm_label(const OpStamp& stamp) {
-  const auto a = static_cast<Algorithm>(stamp.algorithm);
-  if (a != Algorithm::Auto) return name_of(a);
-  switch (static_cast<Collective>(stamp.collective)) {
-    case Collective::Broadcast:
-    case Collective::Reduce: return "chain";
-    case Collective::Gather:
-    case Collective::Scatter: return "direct";
-    case Collective::AllToAll: return "pairwise";
-    case Collective::Send:
-    case Collective::Recv: return "p2p";
-    case Collective::Barrier: return "dissemination";
-    default: return "auto";
-  }
-}
 
 uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device) {
   OpRecord r;
@@ -114,7 +98,7 @@ void Recorder::end(uint64_t id, const std::string& error) {
   r.state = error.empty() ? OpState::Completed : OpState::Failed;
   r.duration_us = std::chrono::duration<double, std::micro>(now - r.start).count();
   r.error = error;
-  OpTotals& t = totals_[{r.stamp.collective, algorithm_label(r.stamp)}];
+  OpTotals& t = totals_[{r.stamp.collective, name_of(static_cast<Variant>(r.stamp.variant))}];
   ++t.calls;
   t.failures += error.empty() ? 0 : 1;
   t.bytes += r.bytes;

@@ -15,11 +15,11 @@
 
 #include "algorithms/algorithm.h"
 #include "core/config.h"
-#include "core/recorder.h"
-#include "core/selection.h"
+#include "runtime/recorder.h"
+#include "runtime/plan.h"
 #include "core/topology.h"
 #include "core/store.h"
-#include "core/transport.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 
@@ -42,9 +42,10 @@ class Communicator {
   // is sent. Fills in defaults from the group's configuration.
   void validate(Request& rq) const;
 
-  // Runs `rq` to completion. A failure poisons the communicator: the peers are told (abort)
-  // and every later call fails at once with the original cause.
-  void execute(const Request& rq);
+  // Runs `rq` to completion and returns the plan it ran. A failure poisons the
+  // communicator: the peers are told (abort) and every later call fails at once with the
+  // original cause.
+  Plan execute(const Request& rq);
 
   // Fails every current and future wait with `reason`; safe from any thread. Returns
   // true for the call that poisoned the group (the first).
@@ -54,14 +55,20 @@ class Communicator {
   std::string describe_transports() const;
   const Topology& topology() const { return topology_; }
   const LinkCosts& link_costs() const { return costs_; }
-  // The algorithm this group runs `rq` with (identical on every rank).
-  Selection select(const Request& rq) const;
+  // What runs `rq` (identical on every rank) where the group's device team, if any, runs
+  // all-reduces of up to `device_team_bytes` (see device_team_bytes()).
+  Plan plan(const Request& rq, size_t device_team_bytes) const;
+  // The capacity of the device team on `device`: 0 where it has none, or none yet (it is
+  // made by the first collective on that device's memory).
+  size_t device_team_bytes(int device) const;
 
-  // What runs a validated request: the algorithm (as algorithm_label() names it), the
-  // compression and the determinism level, by name. Identical on every rank.
+  // What runs a validated request: the plan's variant (its label), the compression and
+  // the determinism level, by name. Identical on every rank. Without a plan, the plan as
+  // far as it is known before the request runs (its device team may not exist yet).
   struct Choices {
     std::string algorithm, compression, determinism;
   };
+  static Choices choices(const Request& rq, const Plan& plan);
   Choices choices(const Request& rq) const;
 
   // The group's counters and flight recorder as JSON (see recorder.h); any thread.
@@ -78,7 +85,9 @@ class Communicator {
   std::string start_up_disagreements(Store& store, const std::string& prefix) const;
   void calibrate(Store& store, const std::string& prefix);
   Context context() const;  // for host memory
-  OpStamp stamp_for(const Request& rq, const Selection& chosen);
+  OpStamp stamp_for(const Request& rq, const Plan& plan);
+  // Fails (PeerFailure, naming `operation`) once the group has failed.
+  void fail_if_poisoned(const std::string& operation);
   // A recv from kAnySource: waits for the first peer whose next frame is a send with the
   // recv's tag, returns it with `held` locking its receive side; Timeout at the deadline,
   // a peer's failure once every peer has failed or left.

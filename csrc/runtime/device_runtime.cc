@@ -1,4 +1,4 @@
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 #include <atomic>
 

@@ -1,4 +1,4 @@
-#include "core/communicator.h"
+#include "runtime/communicator.h"
 
 #include <sched.h>
 #include <sys/random.h>
@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "device/device_runtime.h"
+#include "runtime/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -369,18 +369,24 @@ Context Communicator::context() const {
   return cx;
 }
 
-Selection Communicator::select(const Request& rq) const {
-  SelectionInput in;
+Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
+  PlanInput in;
   in.collective = rq.collective;
-  in.bytes = rq.count * element_size(rq.dtype) * (rq.collective == Collective::AllReduce ? 1 : size_);
   in.dtype = rq.dtype;
+  in.bytes = rq.count * element_size(rq.dtype) * (rq.collective == Collective::AllReduce ? 1 : size_);
+  in.options = rq.options;
   in.topology = &topology_;
-  in.requested = rq.options.algorithm;
-  in.determinism = rq.options.determinism;
   in.chunk_bytes = chunk_bytes_;
   in.costs = costs_;
   in.device_memory = rq.device >= 0;
-  return select_algorithm(in);
+  in.device_team_bytes = device_team_bytes;
+  return make_plan(in);
+}
+
+size_t Communicator::device_team_bytes(int device) const {
+  std::lock_guard<std::mutex> lock(devices_mutex_);
+  const auto it = devices_.find(device);
+  return it != devices_.end() && it->second->team ? it->second->team->capacity() : 0;
 }
 
 std::string Communicator::describe_transports() const {
@@ -418,9 +424,9 @@ void Communicator::validate(Request& rq) const {
     rq.options.compression_block = config_.compression_block;
 }
 
-OpStamp Communicator::stamp_for(const Request& rq, const Selection& chosen) {
+OpStamp Communicator::stamp_for(const Request& rq, const Plan& plan) {
   OpStamp s;
-  s.algorithm = static_cast<uint8_t>(chosen.algorithm);
+  s.variant = static_cast<uint8_t>(plan.variant);
   s.count = rq.count;
   s.dtype = static_cast<uint8_t>(rq.dtype);
   s.reduce = static_cast<uint8_t>(rq.reduction.kind);
@@ -465,11 +471,12 @@ uint64_t operation_bytes(const Request& rq, int size) {
 
 }  // namespace
 
+Communicator::Choices Communicator::choices(const Request& rq, const Plan& plan) {
+  return {name_of(plan.variant), name_of(rq.options.compression), name_of(rq.options.determinism)};
+}
+
 Communicator::Choices Communicator::choices(const Request& rq) const {
-  OpStamp s;
-  s.collective = static_cast<uint8_t>(rq.collective);
-  s.algorithm = static_cast<uint8_t>(selects_algorithm(rq.collective) ? select(rq).algorithm : Algorithm::Auto);
-  return {algorithm_label(s), name_of(rq.options.compression), name_of(rq.options.determinism)};
+  return choices(rq, plan(rq, rq.device >= 0 ? device_team_bytes(rq.device) : 0));
 }
 
 std::string Communicator::operation_line(const OpStamp& stamp) const {
@@ -544,77 +551,52 @@ void Communicator::receive_from_any(Context& cx, const Request& rq) {
   if (rq.source) *rq.source = matched.root;
 }
 
-void Communicator::execute(const Request& rq) {
+void Communicator::fail_if_poisoned(const std::string& operation) {
+  std::lock_guard<std::mutex> lock(poison_mutex_);
+  if (!poison_.empty())
+    fail(ErrorKind::PeerFailure, "pycomm: " + operation + " on group '" + group_name_ +
+                                     "' not started: the group failed earlier: " + poison_);
+}
+
+Plan Communicator::execute(const Request& rq) {
   // A recv named for a peer owns that peer's receive side for its whole run (see
   // await_sender); taken before the stamp numbers it.
   std::unique_lock<std::mutex> receiving;
   if (rq.collective == Collective::Recv && rq.root != kAnySource)
     receiving = std::unique_lock<std::mutex>(receiving_[rq.root]);
   Context cx = context();
-  const Selection chosen = selects_algorithm(rq.collective) ? select(rq) : Selection{Algorithm::Auto, {}};
-  cx.stamp = stamp_for(rq, chosen);
-  {
-    std::lock_guard<std::mutex> lock(poison_mutex_);
-    if (!poison_.empty())
-      fail(ErrorKind::PeerFailure, "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ +
-                                       "' not started: the group failed earlier: " + poison_);
+  if (rq.device >= 0) {
+    // The plan depends on the device's team, which the first operation on the device sets up.
+    fail_if_poisoned(name_of(rq.collective));
+    DevicePath* d = nullptr;
+    try {
+      d = &device_path(rq.device);
+    } catch (const Error& e) {
+      const std::string what = "pycomm: " + std::string(name_of(rq.collective)) + " on group '" + group_name_ +
+                               "' failed on rank " + std::to_string(rank_) + ": setting up cuda:" +
+                               std::to_string(rq.device) + ": " + e.what();
+      abort(what);
+      throw Error(e.kind(), what);
+    }
+    cx.ops = d->ops.get();
+    cx.channels = &d->channels;
+    cx.chunk_bytes = d->chunk_bytes;
+    cx.workspace = &d->workspace;
+    cx.device_team = d->team.get();
   }
+  const Plan plan = this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
+  cx.stamp = stamp_for(rq, plan);
+  fail_if_poisoned(describe(cx.stamp));
   const uint64_t bytes = operation_bytes(rq, size_);
   const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device);
   if (config_.log_level >= LogLevel::Trace)
     log_line(operation_line(cx.stamp) + ": rank " + std::to_string(rank_) + " starts");
   const auto started = std::chrono::steady_clock::now();
   cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
-  const bool coded = rq.options.compression != Compression::None;
-  const bool ordered = rq.options.determinism != Determinism::Default;
   try {
     if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
-    DeviceTeam* team = nullptr;
-    if (rq.device >= 0) {
-      DevicePath& d = device_path(rq.device);
-      cx.ops = d.ops.get();
-      cx.channels = &d.channels;
-      cx.chunk_bytes = d.chunk_bytes;
-      cx.workspace = &d.workspace;
-      team = d.team.get();
-    }
-    switch (rq.collective) {
-      case Collective::AllReduce:
-        switch (chosen.algorithm) {
-          case Algorithm::Tree: tree_allreduce(cx, rq); break;
-          case Algorithm::Hierarchical: hierarchical_allreduce(cx, rq); break;
-          default:
-            if (coded) coded_allreduce(cx, rq, chosen.algorithm);
-            else if (chosen.algorithm == Algorithm::OneShot && team && bytes <= team->capacity())
-              team->all_reduce(cx.spec(rq), rq.output, rq.input, rq.count, cx.deadline);
-            else if (chosen.algorithm == Algorithm::OneShot) oneshot_allreduce(cx, rq);
-            else if (chosen.algorithm == Algorithm::TwoShot) twoshot_allreduce(cx, rq);
-            else if (ordered) ordered_ring_allreduce(cx, rq);
-            else ring_allreduce(cx, rq);
-            break;
-        }
-        break;
-      case Collective::ReduceScatter:  // compressed or ordered: contributions go straight to their owner
-        if (coded) coded_reduce_scatter(cx, rq);
-        else if (ordered || chosen.algorithm == Algorithm::OneShot) direct_reduce_scatter(cx, rq);
-        else ring_reduce_scatter(cx, rq);
-        break;
-      case Collective::AllGather:
-        if (coded) coded_allgather(cx, rq, chosen.algorithm);
-        else (chosen.algorithm == Algorithm::OneShot ? direct_allgather : ring_allgather)(cx, rq);
-        break;
-      case Collective::Broadcast: chain_broadcast(cx, rq); break;
-      case Collective::Reduce: chain_reduce(cx, rq); break;
-      case Collective::Gather: direct_gather(cx, rq); break;
-      case Collective::Scatter: direct_scatter(cx, rq); break;
-      case Collective::AllToAll: pairwise_alltoall(cx, rq); break;
-      case Collective::Send: p2p_send(cx, rq); break;
-      case Collective::Recv:
-        if (rq.root == kAnySource) receive_from_any(cx, rq);
-        else p2p_recv(cx, rq);
-        break;
-      case Collective::Barrier: dissemination_barrier(cx, rq); break;
-    }
+    if (rq.collective == Collective::Recv && rq.root == kAnySource) receive_from_any(cx, rq);
+    else plan.run(cx, rq);
     // Inside the try: a fault raised here fails this operation like any other failure.
     if (fault_) fault_->at(FaultPoint::After, cx.stamp, cx.abort);
   } catch (const Error& e) {
@@ -640,14 +622,15 @@ void Communicator::execute(const Request& rq) {
     line << operation_line(cx.stamp) << ": ";
     if (config_.log_level >= LogLevel::Trace) line << "rank " << rank_ << " ends: ";
     if (selects_algorithm(rq.collective))
-      line << (chosen.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
-                                       : chosen.fallback + ", using " + name_of(chosen.algorithm))
+      line << (plan.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
+                                     : plan.fallback + ", using " + name_of(plan.algorithm))
            << ", ";
-    line << bytes << " B, algorithm " << algorithm_label(cx.stamp) << ", compression "
+    line << bytes << " B, algorithm " << name_of(plan.variant) << ", compression "
          << name_of(rq.options.compression) << ", determinism " << name_of(rq.options.determinism) << ", "
          << std::fixed << std::setprecision(1) << us << " us";
     log_line(line.str());
   }
+  return plan;
 }
 
 bool Communicator::abort(const std::string& reason) {

@@ -6,28 +6,10 @@
 
 #include <memory>
 
-#include "core/transport.h"
+#include "transport/transport.h"
 #include "device/device_ops.h"
 
 namespace pycomm {
-
-// Collectives that devices synchronize among themselves (a team: every rank of a group,
-// all on one host, each device mapping the others' memory). Each member's kernel puts its
-// input in its own memory, raises a flag in each peer's, waits for theirs and reduces: no
-// host thread takes part between the launch and the completion.
-class DeviceTeam {
- public:
-  virtual ~DeviceTeam() = default;
-  // The largest all-reduce, in bytes.
-  virtual size_t capacity() const = 0;
-  // out = every member's `in` (n elements, at most capacity() bytes) reduced in rank
-  // order per `spec` (uncoded; the final stage): the bits of the host-driven one-shot.
-  // Complete on return. A peer that has not arrived by `deadline` is a Timeout, an exited
-  // peer or abort() a PeerFailure; after a failure the team refuses every call.
-  virtual void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) = 0;
-  // Makes a waiting all_reduce give up; any thread.
-  virtual void abort() = 0;
-};
 
 class DeviceRuntime {
  public:

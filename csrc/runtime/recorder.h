@@ -15,7 +15,7 @@
 #include <string>
 #include <utility>
 
-#include "core/transport.h"
+#include "core/wire.h"
 
 namespace pycomm {
 
@@ -37,10 +37,6 @@ struct OpTotals {
   uint64_t calls = 0, failures = 0, bytes = 0;
   double seconds = 0;
 };
-
-// "ring", "tree", ... for the operations that choose; for the others the name of the one
-// algorithm that runs them ("chain", "direct", "pairwise", "p2p", "dissemination").
-const char* algorithm_label(const OpStamp& stamp);
 
 class Recorder {
  public:

@@ -1,0 +1,60 @@
+// What runs an operation: one pure function of the request, the group's shape and its
+// measured link costs. No communication, no global state: every rank makes the same plan
+// from the same inputs (the costs are measured once and shared at group creation), and
+// tests call it directly. Everything that says what ran reads the plan: execute runs
+// plan.run, frames carry plan.variant in their stamp, and logs, stats, the flight
+// recorder and Work.algorithm print its label, name_of(plan.variant).
+//
+// The variants are rows of one table (plan.cc): the collective, the algorithm family a
+// request names to get it (PYCOMM_ALGO, algorithm=), the variant that runs, when it
+// applies (compression, determinism, the group's shape), its cost and its function. A
+// family is served by the first of its rows that applies; a family none of whose rows
+// applies is refused with the reason, and the call runs the automatic choice.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "algorithms/algorithm.h"
+#include "core/link_cost.h"
+#include "core/topology.h"
+#include "core/types.h"
+
+namespace pycomm {
+
+// The facts a plan is made from; the same on every rank of a group.
+struct PlanInput {
+  Collective collective = Collective::AllReduce;
+  DataType dtype = DataType::Float32;
+  size_t bytes = 0;              // the whole buffer (all ranks' segments for RS/AG)
+  CallOptions options;           // the requested family, compression as applied, determinism
+  const Topology* topology = nullptr;
+  size_t chunk_bytes = 1 << 18;  // payload of one frame
+  LinkCosts costs;
+  bool device_memory = false;    // the buffers are in GPU memory (see make_plan)
+  size_t device_team_bytes = 0;  // all-reduces up to this size can run on the group's device team
+};
+
+using RunFn = void (*)(const Context& cx, const Request& rq);
+
+struct Plan {
+  Algorithm algorithm = Algorithm::Auto;  // the family that runs (Auto: a one-algorithm collective)
+  Variant variant = Variant::Ring;        // what runs; its label is name_of(variant)
+  double predicted_us = 0;                // the cost model's time for the call
+  std::string fallback;                   // non-empty: why the requested family was not used
+  RunFn run = nullptr;
+};
+
+// The requested family where one of its rows applies, else the cheapest family by
+// predicted time (ties: two-shot, one-shot, ring, tree, hierarchical). Automatic choice
+// for device memory within one node: every step costs a device synchronization, so the
+// direct algorithms, with the fewest steps, win at every size: all-reduce oneshot up to
+// kDeviceOneShotBytes and twoshot above, reduce-scatter and all-gather oneshot.
+constexpr size_t kDeviceOneShotBytes = 256 << 10;
+Plan make_plan(const PlanInput& in);
+
+// The plan of family `a` for the input, as make_plan would make it if `a` were asked
+// for; false (and why, where `why` is given) when none of its rows applies.
+bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why = nullptr);
+
+}  // namespace pycomm

@@ -1,0 +1,254 @@
+// Unit tests of the plan alone (what runs a call, its label, its predicted cost): a pure
+// function, no communication. Built and run by `make test` (target core-test).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runtime/plan.h"
+#include "check.h"
+
+using namespace pycomm;
+
+
+// `nodes` nodes of `per_node` ranks, numbered node by node.
+static Topology uniform(int nodes, int per_node) {
+  std::vector<int> node_of;
+  for (int n = 0; n < nodes; ++n)
+    for (int l = 0; l < per_node; ++l) node_of.push_back(n);
+  return Topology::from_node_of(node_of);
+}
+
+// Shared memory: 2 us, 8 GB/s; TCP between nodes: 30 us, 0.125 GB/s (1 Gbit/s).
+static PlanInput input(const Topology& t, size_t bytes, Collective c = Collective::AllReduce,
+                       Algorithm requested = Algorithm::Auto) {
+  PlanInput in;
+  in.collective = c;
+  in.bytes = bytes;
+  in.topology = &t;
+  in.options.algorithm = requested;
+  in.costs.intra = {2.0, 8000.0};
+  in.costs.inter = {30.0, 125.0};
+  return in;
+}
+
+static const char* chosen(const PlanInput& in) { return name_of(make_plan(in).algorithm); }
+static const char* label(const PlanInput& in) { return name_of(make_plan(in).variant); }
+static double predicted_us(Algorithm a, const PlanInput& in) {
+  Plan p;
+  return plan_family(a, in, &p) ? p.predicted_us : INFINITY;
+}
+
+static void test_requested_algorithm_is_honoured_where_it_serves() {
+  const Topology one = uniform(1, 4), two = uniform(2, 2);
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::OneShot, Algorithm::TwoShot}) {
+    const Plan s = make_plan(input(one, 1 << 20, Collective::AllReduce, a));
+    CHECK(s.algorithm == a && s.fallback.empty(), "%s on one node", name_of(a));
+  }
+  const Plan h = make_plan(input(two, 1 << 20, Collective::AllReduce, Algorithm::Hierarchical));
+  CHECK(h.algorithm == Algorithm::Hierarchical && h.fallback.empty(), "hierarchical on two nodes");
+  const Plan rs = make_plan(input(one, 1 << 20, Collective::ReduceScatter, Algorithm::OneShot));
+  CHECK(rs.algorithm == Algorithm::OneShot && rs.fallback.empty(), "oneshot reduce-scatter");
+}
+
+static void test_fallback_says_why() {
+  const Topology one = uniform(1, 4);
+  const Plan h = make_plan(input(one, 1 << 20, Collective::AllReduce, Algorithm::Hierarchical));
+  CHECK(h.algorithm != Algorithm::Hierarchical, "hierarchical must not run on one node");
+  CHECK(h.fallback.find("more than one node") != std::string::npos, "fallback: %s", h.fallback.c_str());
+  const Plan auto_choice = make_plan(input(one, 1 << 20));
+  CHECK(h.algorithm == auto_choice.algorithm, "fallback is the automatic choice");
+
+  const Topology uneven = Topology::from_node_of({0, 0, 1});
+  const Plan u = make_plan(input(uneven, 1 << 20, Collective::AllReduce, Algorithm::Hierarchical));
+  CHECK(u.algorithm != Algorithm::Hierarchical && u.fallback.find("same number") != std::string::npos,
+        "uneven nodes: %s", u.fallback.c_str());
+
+  const Plan t = make_plan(input(one, 1 << 20, Collective::AllGather, Algorithm::Tree));
+  CHECK(t.algorithm != Algorithm::Tree && t.fallback.find("allreduce only") != std::string::npos,
+        "tree all-gather: %s", t.fallback.c_str());
+}
+
+static void test_auto_choices() {
+  const Topology one = uniform(1, 4), pair = uniform(1, 2), two = uniform(2, 2);
+  // One host: small messages take one step, large ones the least traffic per rank.
+  CHECK(std::string(chosen(input(one, 4096))) == "oneshot", "4 KiB on one node: %s", chosen(input(one, 4096)));
+  CHECK(std::string(chosen(input(one, 64 << 20))) == "twoshot", "64 MiB on one node: %s",
+        chosen(input(one, 64 << 20)));
+  // Two ranks: one step while latency dominates, the least memory traffic for large ones.
+  CHECK(std::string(chosen(input(pair, 64 << 20))) == "twoshot", "64 MiB on two ranks: %s",
+        chosen(input(pair, 64 << 20)));
+  CHECK(std::string(chosen(input(pair, 4096))) == "oneshot", "4 KiB on two ranks: %s", chosen(input(pair, 4096)));
+  // Two nodes behind a slow link: hierarchical for large messages.
+  CHECK(std::string(chosen(input(two, 64 << 20))) == "hierarchical", "64 MiB on two nodes: %s",
+        chosen(input(two, 64 << 20)));
+  // Reduce-scatter and all-gather: direct while latency dominates, on one node.
+  for (Collective c : {Collective::ReduceScatter, Collective::AllGather})
+    CHECK(std::string(label(input(one, 4096, c))) == "direct", "%s of 4 KiB: %s", name_of(c), label(input(one, 4096, c)));
+}
+
+static void test_costs_drive_the_choice() {
+  // The same request flips with the measured link costs: one-shot while latency dominates,
+  // two-shot once the link is slow enough that bytes dominate.
+  const Topology one = uniform(1, 4);
+  PlanInput in = input(one, 256 << 10);
+  in.costs.intra = {1000.0, 8000.0};
+  const std::string slow_latency = chosen(in);
+  in.costs.intra = {0.5, 100.0};
+  const std::string slow_bandwidth = chosen(in);
+  CHECK(slow_latency == "oneshot" && slow_bandwidth == "twoshot", "latency-bound %s, bandwidth-bound %s",
+        slow_latency.c_str(), slow_bandwidth.c_str());
+  // Two-shot moves what a ring moves in fewer dependent hops: never worse on one node.
+  for (size_t bytes : {size_t{4096}, size_t{1} << 20, size_t{64} << 20})
+    CHECK(predicted_us(Algorithm::TwoShot, input(one, bytes)) <= predicted_us(Algorithm::Ring, input(one, bytes)),
+          "two-shot vs ring at %zu B", bytes);
+  // Predictions grow with size.
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Tree, Algorithm::OneShot, Algorithm::TwoShot})
+    CHECK(predicted_us(a, input(one, 1 << 20)) < predicted_us(a, input(one, 64 << 20)), "%s grows", name_of(a));
+}
+
+static void test_single_rank() {
+  const Topology solo = uniform(1, 1);
+  CHECK(make_plan(input(solo, 1 << 20)).fallback.empty(), "one rank needs no fallback");
+  std::string why;
+  CHECK(!plan_family(Algorithm::Hierarchical, input(solo, 1 << 20), nullptr, &why) && !why.empty(), "one rank: %s",
+        why.c_str());
+}
+
+// Deterministic modes need every element reduced by one rank from all contributions:
+// tree and hierarchical (partial sums grouped by their shape) fall back, saying why.
+static void test_deterministic_modes() {
+  const Topology two = uniform(2, 2);
+  for (Determinism d : {Determinism::Ordered, Determinism::Exact}) {
+    for (Algorithm a : {Algorithm::Tree, Algorithm::Hierarchical}) {
+      PlanInput in = input(two, 64 << 20, Collective::AllReduce, a);
+      in.options.determinism = d;
+      const Plan s = make_plan(in);
+      CHECK(s.algorithm != Algorithm::Tree && s.algorithm != Algorithm::Hierarchical &&
+                s.fallback.find("deterministic") != std::string::npos,
+            "%s in a deterministic mode: chose %s (%s)", name_of(a), name_of(s.algorithm), s.fallback.c_str());
+    }
+    for (size_t bytes : {size_t{64}, size_t{64} << 20}) {  // auto never picks them either
+      PlanInput in = input(two, bytes);
+      in.options.determinism = d;
+      const Algorithm a = make_plan(in).algorithm;
+      CHECK(a != Algorithm::Tree && a != Algorithm::Hierarchical, "auto picked %s", name_of(a));
+    }
+  }
+  PlanInput exact = input(two, 1 << 20, Collective::AllReduce, Algorithm::Ring);
+  exact.options.determinism = Determinism::Exact;
+  CHECK(plan_family(Algorithm::Ring, exact, nullptr), "ring serves exact mode");
+}
+
+// Device memory on one node: the direct algorithms at every size; requests still rule,
+// and several nodes go by the cost model.
+static void test_device_memory() {
+  const Topology one = uniform(1, 4), two = uniform(2, 2);
+  for (size_t bytes : {size_t{4} << 10, kDeviceOneShotBytes, size_t{64} << 20}) {
+    PlanInput in = input(one, bytes);
+    in.device_memory = true;
+    const Algorithm want = bytes > kDeviceOneShotBytes ? Algorithm::TwoShot : Algorithm::OneShot;
+    CHECK(make_plan(in).algorithm == want, "device all-reduce of %zu B: %s", bytes, chosen(in));
+    for (Collective c : {Collective::ReduceScatter, Collective::AllGather}) {
+      in.collective = c;
+      CHECK(make_plan(in).algorithm == Algorithm::OneShot, "device %s: %s", name_of(c), chosen(in));
+    }
+  }
+  PlanInput ring = input(one, 64 << 20, Collective::AllReduce, Algorithm::Ring);
+  ring.device_memory = true;
+  CHECK(make_plan(ring).algorithm == Algorithm::Ring, "device: a requested ring runs");
+  PlanInput nodes = input(two, 64 << 20);
+  PlanInput host = nodes;
+  nodes.device_memory = true;
+  CHECK(make_plan(nodes).algorithm == make_plan(host).algorithm, "device on 2 nodes: the cost model");
+}
+
+// The label is what runs: a family's deterministic and compressed calls run other shapes.
+static void test_labels_say_what_runs() {
+  const Topology one = uniform(1, 4);
+  struct Case {
+    Collective c;
+    Algorithm a;
+    Determinism d;
+    Compression z;
+    const char* want;
+  };
+  using C = Collective;
+  using A = Algorithm;
+  using D = Determinism;
+  using Z = Compression;
+  const Case cases[] = {
+      {C::AllReduce, A::Ring, D::Default, Z::None, "ring"},
+      {C::AllReduce, A::Ring, D::Ordered, Z::None, "direct+ring"},
+      {C::AllReduce, A::Ring, D::Exact, Z::None, "direct+ring"},
+      {C::AllReduce, A::Ring, D::Default, Z::Fp8E4M3, "direct+ring"},
+      {C::AllReduce, A::OneShot, D::Ordered, Z::Bf16, "oneshot"},
+      {C::AllReduce, A::TwoShot, D::Exact, Z::None, "twoshot"},
+      {C::AllReduce, A::Tree, D::Default, Z::Fp16, "tree"},
+      {C::ReduceScatter, A::Ring, D::Default, Z::None, "ring"},
+      {C::ReduceScatter, A::Ring, D::Ordered, Z::None, "direct"},
+      {C::ReduceScatter, A::Ring, D::Default, Z::Fp8E5M2, "direct"},
+      {C::ReduceScatter, A::OneShot, D::Default, Z::None, "direct"},
+      {C::AllGather, A::Ring, D::Default, Z::Fp16, "ring"},
+      {C::AllGather, A::OneShot, D::Default, Z::None, "direct"},
+      {C::Broadcast, A::Ring, D::Default, Z::None, "chain"},
+      {C::AllToAll, A::Auto, D::Default, Z::None, "pairwise"},
+      {C::Barrier, A::Auto, D::Default, Z::None, "dissemination"},
+  };
+  for (const Case& k : cases) {
+    PlanInput in = input(one, 1 << 20, k.c, k.a);
+    in.options.determinism = k.d;
+    in.options.compression = k.z;
+    in.options.compression_block = 256;
+    const Plan p = make_plan(in);
+    CHECK(std::string(name_of(p.variant)) == k.want && p.fallback.empty() && p.run,
+          "%s asked as %s (determinism %s, %s): %s, want %s", name_of(k.c), name_of(k.a), name_of(k.d),
+          name_of(k.z), name_of(p.variant), k.want);
+  }
+  // The device team runs the one-shot all-reduces that fit it, uncompressed.
+  PlanInput device = input(one, 64 << 10, Collective::AllReduce, Algorithm::OneShot);
+  device.device_memory = true;
+  device.device_team_bytes = 64 << 10;
+  CHECK(std::string(label(device)) == "oneshot-flags", "fits the team: %s", label(device));
+  device.bytes = (64 << 10) + 4;
+  CHECK(std::string(label(device)) == "oneshot", "larger than the team: %s", label(device));
+  device.bytes = 4096;
+  device.options.compression = Compression::Fp16;
+  device.options.compression_block = 256;
+  CHECK(std::string(label(device)) == "oneshot", "compressed: %s", label(device));
+}
+
+// Compressed calls are priced at their encoded bytes: fp8 on a slow link costs about a
+// quarter of float32 where bytes dominate.
+static void test_compression_is_priced() {
+  const Topology two = uniform(2, 2);
+  for (Algorithm a : {Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Hierarchical}) {
+    PlanInput in = input(two, 64 << 20, Collective::AllReduce, a);
+    const double plain = predicted_us(a, in);
+    in.options.compression = Compression::Fp8E4M3;
+    in.options.compression_block = 256;
+    const double fp8 = predicted_us(a, in);
+    CHECK(fp8 < 0.3 * plain && fp8 > 0.2 * plain, "%s: fp8 %.0f us vs float32 %.0f us", name_of(a), fp8, plain);
+  }
+  // The deterministic ring is priced as what it runs: a direct reduce-scatter then a ring.
+  PlanInput in = input(two, 64 << 20, Collective::AllReduce, Algorithm::Ring);
+  const double ring = predicted_us(Algorithm::Ring, in);
+  in.options.determinism = Determinism::Ordered;
+  const double direct_ring = predicted_us(Algorithm::Ring, in);
+  CHECK(direct_ring != ring, "direct+ring priced as a ring: %.0f us", ring);
+}
+
+int main() {
+  test_labels_say_what_runs();
+  test_compression_is_priced();
+  test_requested_algorithm_is_honoured_where_it_serves();
+  test_device_memory();
+  test_deterministic_modes();
+  test_fallback_says_why();
+  test_auto_choices();
+  test_costs_drive_the_choice();
+  test_single_rank();
+  if (failures) std::fprintf(stderr, "%d plan checks failed\n", failures);
+  else std::printf("plan: all checks passed\n");
+  return failures ? 1 : 0;
+}
