@@ -60,7 +60,7 @@ if BACKEND_NAME not in dist.Backend.backend_list:
 
 
 def knobs():
-    """Every environment knob as (name, default, meaning)."""
+    """Every environment knob as (name, default, meaning, same_on_every_rank)."""
     return [tuple(k) for k in _C.knobs()]
 
 
@@ -194,7 +194,7 @@ def dump_flight_recorder(group=None, path=None):
 
 # ---- compression codecs (the same block code the collectives run) ----
 
-CODECS = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+CODECS = _C.codecs  # ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"), from the core's table
 
 
 def _block(block):

@@ -62,12 +62,10 @@ import torch
 import torch.distributed as dist
 
 import pycomm
+from pycomm import _C
 
 __all__ = ["CompressionState", "compressed_allreduce_hook", "register_compression_hook",
            "DeterministicState", "deterministic_allreduce_hook", "register_deterministic_hook"]
-
-_16_BIT = (torch.float16, torch.bfloat16)
-
 
 def _check_codec(codec):
     if codec not in pycomm.CODECS:
@@ -77,12 +75,9 @@ def _check_codec(codec):
 
 
 def _compressed_on_wire(dtype, codec):
-    """Whether an all-reduce of ``dtype`` with ``codec`` is compressed: only where the
-    codec is narrower than the data (the backend's rule), so float32 with any codec and
-    16-bit floats with fp8 codecs."""
-    if dtype == torch.float32:
-        return True
-    return dtype in _16_BIT and codec.startswith("fp8")
+    """Whether an all-reduce of ``dtype`` with ``codec`` is compressed (the core's rule:
+    where the codec is narrower than floating data)."""
+    return _C.applied_compression("allreduce", dtype, codec) != "none"
 
 
 class CompressionState:

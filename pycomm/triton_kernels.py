@@ -108,7 +108,7 @@ def _from_fp8_finite(c, E: tl.constexpr, M: tl.constexpr):
 # Codecs, numbered as core/types.h numbers Compression: 1 fp16, 2 bf16, 3 fp8_e4m3,
 # 4 fp8_e5m2. Per codec: its code's bytes, whether blocks are scaled, its target (the
 # largest magnitude a scaled finite value may have).
-_CODECS = {"fp16": 1, "bf16": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
+_CODECS = {name: number for number, name in enumerate(_C.codecs, 1)}
 
 
 @triton.jit

@@ -24,7 +24,9 @@ PG_TIMEOUT_S = 10
 SIDE_TIMEOUT_S = 60
 # "Before any communication": a local rejection takes milliseconds; allow scheduling noise.
 LOCAL_REJECT_S = 2.0
-ACCEPTED = ("ValueError", "TypeError", "RuntimeError")
+# The contract: bad input raises ValueError (TypeError where torch's front end rejects a
+# type first). Gloo, which the harness can run instead, raises RuntimeError too.
+ACCEPTED = ("ValueError", "TypeError") + (("RuntimeError",) if is_gloo() else ())
 
 
 # --------------------------------------------------------------------------------------
@@ -201,7 +203,7 @@ def bad_input_world(rank, ws, names):
             out["problems"] = fn(g, rank, ws) or []
         except Exception as e:  # noqa: BLE001 - the outcome is what we record
             out.update(raised=True, type=type(e).__name__,
-                       accepted_type=isinstance(e, (ValueError, TypeError, RuntimeError)),
+                       accepted_type=type(e).__name__ in ACCEPTED,
                        msg=_first_lines(e))
         out["elapsed"] = time.monotonic() - t0
         dist.barrier(group=side)  # lock step, even if one rank hung until the timeout
@@ -324,3 +326,31 @@ def test_rank_mismatch_raises_not_hangs(kind):
         if r["raised"] and not is_gloo() and "pycomm" not in r["msg"].lower():
             problems.append("rank %d: message does not mention pycomm: %r" % (rank, r["msg"]))
     assert not problems, "\n".join(problems)
+
+
+KNOB_PG_TIMEOUT_S = 60
+
+
+def knob_mismatch_world(rank, ws):
+    """Ranks differ in a knob that decides which path an all-reduce on CUDA tensors takes."""
+    import os
+
+    os.environ["PYCOMM_CUDA_FLAG_BYTES"] = "0" if rank == 1 else "65536"
+    t0 = time.monotonic()
+    try:
+        dist.new_group(backend=BACKEND, timeout=datetime.timedelta(seconds=KNOB_PG_TIMEOUT_S))
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "type": type(e).__name__, "msg": str(e), "elapsed": time.monotonic() - t0}
+    return {"raised": False, "elapsed": time.monotonic() - t0}
+
+
+@pytest.mark.skipif(is_gloo(), reason="pycomm's own knobs")
+def test_ranks_differing_in_a_shared_knob_fail_at_group_creation_naming_it():
+    results = run_world(knob_mismatch_world, 2, timeout=KNOB_PG_TIMEOUT_S)
+    for rank, r in enumerate(results):
+        mine, theirs = ("0", "65536") if rank == 1 else ("65536", "0")
+        assert r["raised"], "rank %d created the group: %s" % (rank, r)
+        assert r["type"] == "ValueError", r
+        assert "PYCOMM_CUDA_FLAG_BYTES=%s where rank %d (this rank) has %s" % (theirs, rank, mine) in r["msg"], r
+        assert r["elapsed"] < KNOB_PG_TIMEOUT_S / 2, "rank %d waited %.1f s instead of failing at once" % (
+            rank, r["elapsed"])

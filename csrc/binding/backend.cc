@@ -155,12 +155,10 @@ at::Tensor Launch::out_split(const std::vector<at::Tensor>& parts, const at::Ten
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, const std::string& group_name)
     : Backend(rank, size) {
-  try {
+  guard([&] {
     store_ = std::make_unique<TorchStore>(store);
     comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, Config::from_env());
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  });
   engine_ = std::make_unique<Engine>();
 }
 
@@ -190,11 +188,7 @@ std::string ProcessGroupPycomm::flight_recorder_json() const {
 
 std::string ProcessGroupPycomm::dump_flight_recorder(const std::string& path) const {
   TORCH_CHECK_VALUE(comm_, "pycomm: flight recorder of a group that was shut down");
-  try {
-    return comm_->dump_flight_recorder("requested", path);
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  return guard([&] { return comm_->dump_flight_recorder("requested", path); });
 }
 
 void ProcessGroupPycomm::abort() {
@@ -210,13 +204,11 @@ void ProcessGroupPycomm::shutdown() {
 CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& algorithm,
                                              const std::string& compression, const std::string& determinism) const {
   CallOptions o = comm_->config().options_for(c);
-  try {
+  guard([&] {
     if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
     if (!compression.empty()) o.compression = parse<Compression>(compression);
     if (!determinism.empty()) o.determinism = parse<Determinism>(determinism);
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  });
   return o;
 }
 
@@ -241,11 +233,9 @@ void ProcessGroupPycomm::validate(Launch& l, const char* title) {
     l.ready = std::make_shared<c10::Event>(l.device.type());
     l.ready->record(current_stream(l.device));
   }
-  try {
+  guard([&] {
     for (Request& rq : l.requests) comm_->validate(rq);
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  });
 }
 
 std::optional<Communicator::Choices> ProcessGroupPycomm::run(Launch& l) {
@@ -297,17 +287,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch_direct(c10d::OpType ty
                                                                  bool blocking) {
   if (blocking) {
     validate(l, title);
-    try {
-      // A Work records its operation's profiler range (c10d::Work with a title); an
-      // operation run here has no Work, so it records its own.
-      if (engine_->try_run([&] {
+    // A Work records its operation's profiler range (c10d::Work with a title); an
+    // operation run here has no Work, so it records its own.
+    if (guard([&] {
+          return engine_->try_run([&] {
             RECORD_FUNCTION(title, std::vector<c10::IValue>());
             run(l);
-          }))
-        return {};
-    } catch (const Error& e) {
-      rethrow_for_torch(e);
-    }
+          });
+        }))
+      return {};
   }
   return launch(type, title, std::move(l), blocking);
 }

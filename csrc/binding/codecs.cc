@@ -24,30 +24,19 @@ const DeviceOps& ops_for(const at::Tensor& t) {
   static auto* ops = new std::map<int, std::unique_ptr<DeviceOps>>;  // never destroyed: used until exit
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = (*ops)[t.device().index()];
-  try {
+  guard([&] {
     if (!slot) slot = device_runtime().make_ops(t.device().index());
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  });
   return *slot;
 }
 
-void run(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
-}
 
 ReduceSpec codec_spec(at::ScalarType dtype, const std::string& codec, int64_t block) {
   ReduceSpec spec;
-  try {
+  guard([&] {
     spec.dtype = to_core(dtype);
     spec.codec = parse<Compression>(codec);
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  });
   TORCH_CHECK_VALUE(spec.dtype == DataType::Float32 || spec.dtype == DataType::Float16 ||
                         spec.dtype == DataType::BFloat16,
                     "pycomm: codecs apply to float32, float16 and bfloat16 tensors, not ", dtype);
@@ -76,7 +65,7 @@ at::Tensor encode_tensor(const at::Tensor& t, const std::string& codec, int64_t 
   at::Tensor out = output(out_arg, static_cast<int64_t>(encoded_bytes(spec.codec, spec.block, n)), at::kByte, t.device());
   const Term term{in.data_ptr(), Form::Input};
   const DeviceOps& ops = ops_for(in);
-  run([&] { ops.reduce_terms(spec, Stage::Encoded, out.data_ptr(), &term, 1, n); });
+  guard([&] { ops.reduce_terms(spec, Stage::Encoded, out.data_ptr(), &term, 1, n); });
   return out;
 }
 
@@ -93,7 +82,7 @@ at::Tensor decode_tensor(const at::Tensor& encoded, const std::string& codec, in
   at::Tensor out = output(out_arg, numel, dtype, encoded.device());
   const Term term{in.data_ptr(), Form::Encoded};
   const DeviceOps& ops = ops_for(in);
-  run([&] { ops.reduce_terms(spec, Stage::Final, out.data_ptr(), &term, 1, n); });
+  guard([&] { ops.reduce_terms(spec, Stage::Final, out.data_ptr(), &term, 1, n); });
   return out;
 }
 
@@ -102,7 +91,7 @@ at::Tensor reduce_tensors(const std::vector<at::Tensor>& terms, const c10d::Redu
   TORCH_CHECK_VALUE(!terms.empty(), "pycomm: reduce takes at least one tensor");
   const at::Tensor& first = terms.front();
   ReduceSpec spec;
-  run([&] {
+  guard([&] {
     spec.dtype = to_core(first.scalar_type());
     spec.reduction = to_core(op);
     check_reducible(spec.dtype, spec.reduction);
@@ -121,7 +110,7 @@ at::Tensor reduce_tensors(const std::vector<at::Tensor>& terms, const c10d::Redu
   }
   at::Tensor out = output(out_arg, first.numel(), first.scalar_type(), first.device());
   const DeviceOps& ops = ops_for(first);
-  run([&] {
+  guard([&] {
     ops.reduce_terms(spec, Stage::Final, out.data_ptr(), rows.data(), static_cast<int>(rows.size()),
                      static_cast<size_t>(first.numel()));
   });
@@ -129,11 +118,7 @@ at::Tensor reduce_tensors(const std::vector<at::Tensor>& terms, const c10d::Redu
 }
 
 int64_t default_compression_block() {
-  try {
-    return static_cast<int64_t>(Config::from_env().compression_block);
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
+  return guard([] { return static_cast<int64_t>(Config::from_env().compression_block); });
 }
 
 }  // namespace pycomm

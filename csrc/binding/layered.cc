@@ -11,15 +11,6 @@
 namespace pycomm {
 namespace {
 
-template <class F>
-auto run(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    rethrow_for_torch(e);
-  }
-}
-
 Collective parse_layered_collective(const std::string& name) {
   for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather})
     if (name == name_of(c)) return c;
@@ -58,7 +49,7 @@ void check_operand(const at::Tensor& t, const at::Device& device, size_t bytes, 
 LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
                                const std::string& compression, const std::string& determinism) {
   const Collective c = parse_layered_collective(collective);
-  return run([&] {
+  return guard([&] {
     const Config config = Config::from_env();
     CallOptions o = config.options_for(c);
     if (!compression.empty()) o.compression = parse<Compression>(compression);
@@ -72,12 +63,11 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
 }
 
 std::string kernel_choice() {
-  static const char* const kNames[] = {"auto", "cuda", "triton"};
-  return run([] { return std::string(kNames[static_cast<int>(Config::from_env().kernels)]); });
+  return guard([] { return std::string(name_of(Config::from_env().kernels)); });
 }
 
 std::tuple<std::string, double> reduction_of(const c10d::ReduceOp& op, at::ScalarType dtype) {
-  return run([&] {
+  return guard([&] {
     const DataType t = to_core(dtype);
     Reduction r = to_core(op);
     check_reducible(t, r);
@@ -97,7 +87,7 @@ std::vector<int64_t> segment_begins(int64_t count, int64_t parts, int64_t unit) 
 
 int64_t encoded_size(const std::string& codec, int64_t block, int64_t count) {
   TORCH_CHECK_VALUE(block >= 1 && count >= 0, "pycomm: encoded_size of ", count, " elements in blocks of ", block);
-  const Compression c = run([&] { return parse<Compression>(codec); });
+  const Compression c = guard([&] { return parse<Compression>(codec); });
   TORCH_CHECK_VALUE(c != Compression::None, "pycomm: codec 'none' has no encoding");
   return static_cast<int64_t>(encoded_bytes(c, static_cast<size_t>(block), static_cast<size_t>(count)));
 }
@@ -108,7 +98,7 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
   TORCH_CHECK_VALUE(!terms.empty() && terms.size() == forms.size(), "pycomm: fold takes one form per term, and a term");
   TORCH_CHECK_VALUE(count >= 0 && world_size >= 1, "pycomm: fold of ", count, " elements over ", world_size, " ranks");
   ReduceSpec spec;
-  run([&] {
+  guard([&] {
     spec.dtype = to_core(dtype);
     spec.reduction = to_core(op);
     check_reducible(spec.dtype, spec.reduction);
@@ -133,12 +123,12 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
   }
   const int k = static_cast<int>(operands.size());
   if (device.is_cpu()) {
-    run([&] { cpu_ops().reduce_terms(spec, stage, out.data_ptr(), operands.data(), k, n); });
+    guard([&] { cpu_ops().reduce_terms(spec, stage, out.data_ptr(), operands.data(), k, n); });
     return;
   }
   TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: fold: expected CPU or CUDA tensors, got ", device);
   void* stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device).native_handle();
-  run([&] { device_runtime().enqueue_reduce_terms(device.index(), stream, spec, stage, out.data_ptr(), operands.data(), k, n); });
+  guard([&] { device_runtime().enqueue_reduce_terms(device.index(), stream, spec, stage, out.data_ptr(), operands.data(), k, n); });
 }
 
 }  // namespace pycomm

@@ -7,6 +7,7 @@
 #include "binding/backend.h"
 #include "binding/codecs.h"
 #include "binding/layered.h"
+#include "binding/tables.h"
 #include "runtime/device_runtime.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"
@@ -106,7 +107,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("default_compression_block", &pycomm::default_compression_block);
   m.def("knobs", [] {
     py::list out;
-    for (const auto& k : pycomm::knobs()) out.append(py::make_tuple(k.name, k.default_value, k.meaning));
+    for (const auto& k : pycomm::knobs()) out.append(py::make_tuple(k.name, k.default_value, k.meaning, k.same_on_every_rank));
     return out;
-  }, "Every environment knob as (name, default, meaning).");
+  }, "Every environment knob as (name, default, meaning, same_on_every_rank).");
+  // The vocabularies and rules Python uses, from the core's own tables.
+  std::vector<std::string> codecs = pycomm::names<pycomm::Compression>();
+  codecs.erase(codecs.begin());  // "none"
+  m.attr("codecs") = py::tuple(py::cast(codecs));
+  m.attr("algorithms") = py::tuple(py::cast(pycomm::names<pycomm::Algorithm>()));
+  m.attr("determinism_levels") = py::tuple(py::cast(pycomm::names<pycomm::Determinism>()));
+  m.def("applied_compression", [](const std::string& collective, at::ScalarType dtype, const std::string& codec) {
+    return pycomm::guard([&] {
+      return std::string(pycomm::name_of(pycomm::applied_compression(
+          pycomm::parse<pycomm::Collective>(collective), pycomm::to_core(dtype), pycomm::parse<pycomm::Compression>(codec))));
+    });
+  }, py::arg("collective"), py::arg("dtype"), py::arg("codec"),
+  "The codec a call of `collective` on `dtype` runs with when `codec` is asked for ('none' where it saves nothing).");
 }

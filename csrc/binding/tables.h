@@ -17,4 +17,15 @@ Reduction to_core(const c10d::ReduceOp& op);      // ValueError for unsupported 
 [[noreturn]] void rethrow_for_torch(const Error& e);
 std::exception_ptr torch_exception(const Error& e);
 
+// Runs `f` at the binding's edge, where Python calls in: a core Error leaves as the
+// exception torch users expect (rethrow_for_torch).
+template <class F>
+auto guard(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    rethrow_for_torch(e);
+  }
+}
+
 }  // namespace pycomm

@@ -1,19 +1,36 @@
-// Every environment knob, declared once (name, default, meaning) and read once, when a
-// group is created. The README's table is checked against kKnobs by the tests.
+// Every environment knob is one row of knobs(): its name, default, meaning, whether every
+// rank of a group must have the same value, and the parser that checks its range and
+// sets its member of Config. Parsing (Config::from_env, once per group), the agreement
+// check at group creation and its message, pycomm.knobs() and the README's table (checked
+// by the tests) all derive from the rows.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/types.h"
 
 namespace pycomm {
 
+struct Config;
+
+// A knob's value as the environment gives it (or its default).
+struct Setting {
+  std::string name, value;
+};
+
 struct Knob {
   const char* name;
   const char* default_value;
   const char* meaning;
+  // Frames, layouts or the path a call takes depend on it: ranks that differ fail at
+  // group creation, naming the knob, instead of hanging until the deadline.
+  bool same_on_every_rank;
+  // Sets its member of `c` from `s`, or fails (InvalidArgument) naming the knob and what
+  // it accepts; returns the value as ranks compare it.
+  std::string (*apply)(Config& c, const Setting& s);
 };
 
 const std::vector<Knob>& knobs();
@@ -21,6 +38,13 @@ const std::vector<Knob>& knobs();
 enum class TransportChoice : uint8_t { Auto, Shm, Tcp };
 enum class LogLevel : uint8_t { Warn, Info, Trace };
 enum class KernelChoice : uint8_t { Auto, Cuda, Triton };
+// Where the flag-synchronized one-shot runs: auto (ranks' kernels run at the same time)
+// or always (also where processes time-slice one GPU).
+enum class CudaFlags : uint8_t { Auto, Always };
+template <> const EnumTable<TransportChoice>& table_of<TransportChoice>();
+template <> const EnumTable<LogLevel>& table_of<LogLevel>();
+template <> const EnumTable<KernelChoice>& table_of<KernelChoice>();
+template <> const EnumTable<CudaFlags>& table_of<CudaFlags>();
 
 constexpr int kCollectiveCount = static_cast<int>(Collective::Barrier) + 1;
 
@@ -41,7 +65,7 @@ struct Config {
   size_t tcp_chunk_bytes = 0;
   size_t cuda_chunk_bytes = 0;
   size_t cuda_flag_bytes = 0;         // the largest flag-synchronized all-reduce on CUDA (0: none)
-  bool cuda_flags_time_sliced = false; // ... also where ranks time-slice one GPU
+  CudaFlags cuda_flags = CudaFlags::Auto;
   KernelChoice kernels = KernelChoice::Auto;  // CUDA tensors on the layered path
   int pipeline_depth = 0;             // slots per channel direction
   size_t eager_bytes = 0;             // asynchronous collectives this small run at once
@@ -52,6 +76,8 @@ struct Config {
   std::string flight_recorder_dir;    // where its files go (never empty)
   std::string test_perturb;           // PYCOMM_TEST_PERTURB (tests only)
   std::string fault;                  // PYCOMM_FAULT (tests only; see fault.h)
+  // The knobs every rank must share, (name, value as compared), in table order.
+  std::vector<std::pair<std::string, std::string>> same_on_every_rank;
 
   // Reads every knob from the environment; a malformed value is an InvalidArgument error.
   static Config from_env();

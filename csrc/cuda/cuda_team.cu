@@ -187,7 +187,7 @@ bool members_run_at_once(int device, const TransportSetup& setup) {
 std::unique_ptr<DeviceTeam> make_cuda_team(int device, std::unique_ptr<SlotArena> arena, const TransportSetup& setup) {
   if (setup.size > kMaxTeam) return nullptr;
   CudaDeviceScope scope(device);
-  if (!members_run_at_once(device, setup) && !setup.config->cuda_flags_time_sliced) return nullptr;
+  if (!members_run_at_once(device, setup) && setup.config->cuda_flags != CudaFlags::Always) return nullptr;
   return std::make_unique<CudaTeam>(device, std::move(arena), setup);
 }
 

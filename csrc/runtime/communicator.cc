@@ -67,14 +67,33 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// Every knob that must agree across ranks for frames and layouts to match.
-std::string wire_config(const Config& c) {
-  std::ostringstream os;
-  os << static_cast<int>(c.transport) << "/" << c.ranks_per_node << "/" << c.shm_chunk_bytes << "/"
-     << c.tcp_chunk_bytes << "/" << c.cuda_chunk_bytes << "/" << c.pipeline_depth;
-  return os.str();
+// The knobs every rank must share, as one rendezvous field: "NAME=value" items joined by
+// kItemSep, which no knob value contains (each is a number or a word of its table).
+constexpr char kItemSep = '\x1e';
+std::string shared_knobs(const Config& c) {
+  std::string out;
+  for (const auto& [name, value] : c.same_on_every_rank) out += (out.empty() ? "" : std::string(1, kItemSep)) + name + "=" + value;
+  return out;
 }
 
+// "PYCOMM_CUDA_FLAG_BYTES=0 where rank 0 (this rank) has 65536, ...": the knobs of
+// `theirs` (a shared_knobs() field) that differ from `mine`, this rank's.
+std::string knob_differences(const std::string& theirs, const Config& mine, int rank) {
+  std::map<std::string, std::string> other;
+  for (const std::string& item : split(theirs, kItemSep)) {
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) other[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  std::string out;
+  for (const auto& [name, value] : mine.same_on_every_rank) {
+    const auto it = other.find(name);
+    const std::string theirs_value = it == other.end() ? "(missing)" : it->second;
+    if (theirs_value != value)
+      out += (out.empty() ? "" : ", ") + name + "=" + theirs_value + " where rank " + std::to_string(rank) +
+             " (this rank) has " + value;
+  }
+  return out;
+}
 
 int cores_available() {
   cpu_set_t set;
@@ -110,7 +129,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
 
 Communicator::~Communicator() = default;
 
-// Rendezvous data: pid, hostname, host key, wire configuration, world size; fields are
+// Rendezvous data: pid, hostname, host key, shared knobs, world size; fields are
 // separated by \x1f, which none of them contains.
 constexpr char kSep = '\x1f';
 constexpr size_t kRendezvousFields = 5;
@@ -140,7 +159,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
     fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': another process already joined as rank " +
                                          std::to_string(rank_) + " (every process needs a rank of its own)");
   std::ostringstream mine;
-  mine << getpid() << kSep << hostname() << kSep << host_key() << kSep << wire_config(config_) << kSep << size_;
+  mine << getpid() << kSep << hostname() << kSep << host_key() << kSep << shared_knobs(config_) << kSep << size_;
   std::vector<std::string> all;
   try {
     all = all_gather_strings(store, prefix + "/rank", rank_, size_, mine.str(), Deadline::after(timeout_));
@@ -159,10 +178,10 @@ void Communicator::connect(Store& store, const std::string& prefix) {
       fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': rank " + std::to_string(r) +
                                            " was started with world size " + f[4] + ", this rank (rank " +
                                            std::to_string(rank_) + ") with " + std::to_string(size_));
-    if (f[3] != wire_config(config_))
-      fail(ErrorKind::InvalidArgument,
-           "pycomm: rank " + std::to_string(r) + " has different PYCOMM_TRANSPORT / RANKS_PER_NODE / *_CHUNK_BYTES / PIPELINE_DEPTH settings than rank " +
-               std::to_string(rank_) + " (" + f[3] + " vs " + wire_config(config_) + ")");
+    if (f[3] != shared_knobs(config_))
+      fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': rank " + std::to_string(r) +
+                                           " has " + knob_differences(f[3], config_, rank_) +
+                                           "; these knobs must be the same on every rank");
     PeerInfo& p = ranks_[r];
     p.rank = r;
     p.pid = std::stoi(f[0]);

@@ -30,7 +30,7 @@ class DeviceRuntime {
   // on this host; the team's keys are below setup.key_prefix + "/team"). Its capacity is
   // setup.config->cuda_flag_bytes. Members wait for each other's kernels, so a team is
   // made only where they run at the same time, unless setup.config says
-  // cuda_flags_time_sliced. Null where the runtime has no team (the same answer on every
+  // cuda_flags is Always. Null where the runtime has no team (the same answer on every
   // rank).
   virtual std::unique_ptr<DeviceTeam> make_team(int /*index*/, const TransportSetup& /*setup*/) const {
     return nullptr;

@@ -43,13 +43,15 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from .. import _C
 from .config import BackendSpec
 
-# Per-call option values the pycomm direct API accepts (DESIGN.md section 3).
+# Per-call option values the pycomm direct API accepts (DESIGN.md section 3), from the
+# core's tables.
 PYCOMM_OPTIONS = {
-    "algorithm": ("auto", "ring", "tree", "hierarchical", "oneshot", "twoshot"),
-    "compression": ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"),
-    "deterministic": ("0", "1", "exact"),
+    "algorithm": _C.algorithms,
+    "compression": ("none",) + _C.codecs,
+    "deterministic": _C.determinism_levels,
 }
 
 

@@ -263,6 +263,7 @@ void test_no_team_without_flag_bytes() {
 void test_abort_reaches_the_team() {
   std::vector<Communicator*> comms(3);
   std::atomic<int> ready{0}, finished{0};
+  const int calls_before = team_calls;
   with_world(3, [](Config& cfg) { cfg.cuda_flag_bytes = 4096; }, [&](int r, Communicator& comm) {
     comms[r] = &comm;
     std::vector<float> data(16, 1.0f);
@@ -276,8 +277,8 @@ void test_abort_reaches_the_team() {
       ++finished;
       while (finished < 3) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     };
-    if (r == 1) {  // never joins the second call; aborts rank 0's
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (r == 1) {  // never joins the second call; aborts rank 0's once ranks 0 and 2 are in it
+      while (team_calls < calls_before + 3 + 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       comms[0]->abort("test: abort rank 0");
       return done();
     }
