@@ -212,11 +212,12 @@ CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& al
   return o;
 }
 
-Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout) const {
+Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
+                                    const CallOptions* options) const {
   Request rq;
   rq.collective = c;
   rq.dtype = to_core(t.scalar_type());
-  rq.options = comm_->config().options_for(c);
+  rq.options = options ? *options : comm_->config().options_for(c);
   rq.timeout = op_timeout(timeout);
   rq.device = t.is_cuda() ? t.get_device() : -1;
   return rq;
@@ -304,9 +305,8 @@ void ProcessGroupPycomm::add_allreduce(Launch& l, const at::Tensor& t, const c10
                                        std::chrono::milliseconds timeout, const CallOptions& options) {
   check_tensor(t, "allreduce");
   at::Tensor buf = l.out(t);
-  Request rq = request(Collective::AllReduce, t, timeout);
+  Request rq = request(Collective::AllReduce, t, timeout, &options);
   rq.reduction = to_core(op);
-  rq.options = options;
   rq.input = rq.output = buf.data_ptr();
   rq.count = buf.numel();
   l.requests.push_back(rq);
@@ -318,9 +318,8 @@ void ProcessGroupPycomm::add_reduce_scatter(Launch& l, const at::Tensor& out, co
   check_same(out, in, "reduce_scatter");
   TORCH_CHECK_VALUE(in.numel() == out.numel() * getSize(), "pycomm: reduce_scatter: input has ", in.numel(),
                     " elements, expected output elements x world size = ", out.numel() * getSize());
-  Request rq = request(Collective::ReduceScatter, out, timeout);
+  Request rq = request(Collective::ReduceScatter, out, timeout, &options);
   rq.reduction = to_core(op);
-  rq.options = options;
   rq.input = l.in(in).data_ptr();
   rq.output = l.out(out).data_ptr();
   rq.count = out.numel();
@@ -332,8 +331,7 @@ void ProcessGroupPycomm::add_allgather(Launch& l, const at::Tensor& out, const a
   check_same(out, in, "allgather");
   TORCH_CHECK_VALUE(out.numel() == in.numel() * getSize(), "pycomm: allgather: output has ", out.numel(),
                     " elements, expected input elements x world size = ", in.numel() * getSize());
-  Request rq = request(Collective::AllGather, in, timeout);
-  rq.options = options;
+  Request rq = request(Collective::AllGather, in, timeout, &options);
   // Order matters for in-place use (input a view of the output): read before write.
   rq.input = l.in(in).data_ptr();
   rq.output = l.out(out).data_ptr();

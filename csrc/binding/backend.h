@@ -121,7 +121,10 @@ class ProcessGroupPycomm final : public c10d::Backend {
   std::string dump_flight_recorder(const std::string& path) const;
 
  private:
-  Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout) const;
+  // A request of `c` on `t`'s dtype and device, with `options` (the direct API's) or, where
+  // null, the group's defaults for `c`.
+  Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
+                  const CallOptions* options = nullptr) const;
   void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);

@@ -79,11 +79,11 @@ class Communicator {
   std::string dump_flight_recorder(const std::string& reason, const std::string& path = {}) const;
 
  private:
-  void connect(Store& store, const std::string& prefix);
+  void connect(Store& store, const std::string& prefix);  // rendezvous.cc
   // "; rank 1 was claimed by 2 processes; rank 0 was started with world size 3, ...":
   // what the store shows of ranks started inconsistently (empty: nothing).
   std::string start_up_disagreements(Store& store, const std::string& prefix) const;
-  void calibrate(Store& store, const std::string& prefix);
+  void calibrate(Store& store, const std::string& prefix);  // link_costs.cc
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Plan& plan);
   // Fails (PeerFailure, naming `operation`) once the group has failed.
@@ -99,8 +99,17 @@ class Communicator {
   // What operations on one CUDA device's memory run with: its ops, channels (CUDA IPC to
   // ranks of this host, staged through the host channels to the others) and scratch.
   // Made by the first collective on that device's tensors, which every rank reaches.
-  struct DevicePath;
-  DevicePath& device_path(int device);
+  struct DevicePath {
+    std::unique_ptr<DeviceOps> ops;                // first: everything below uses it
+    std::unique_ptr<Transport> ipc;                // to ranks of this host; null: none
+    std::vector<std::unique_ptr<Channel>> staged;  // to the others, over the host channels
+    std::vector<Channel*> channels;                // by group rank; null for self
+    std::unique_ptr<DeviceTeam> team;              // the whole group on this host; null: none
+    size_t chunk_bytes = 0;
+    Workspace workspace;
+    explicit DevicePath(std::unique_ptr<DeviceOps> o) : ops(std::move(o)), workspace(*ops) {}
+  };
+  DevicePath& device_path(int device);  // device_path.cc
   void abort_transports(const std::string& reason) const;  // host and device, any thread
 
   int rank_, size_;

@@ -185,7 +185,6 @@ bool plain(const PlanInput& in, std::string*) { return !coded(in); }
 bool plain_unordered(const PlanInput& in, std::string*) { return !coded(in) && !ordered(in); }
 bool plain_ordered(const PlanInput& in, std::string*) { return !coded(in) && ordered(in); }
 bool with_codec(const PlanInput& in, std::string*) { return coded(in); }
-bool ordered_or_coded(const PlanInput& in, std::string*) { return coded(in) || ordered(in); }
 bool fits_device_team(const PlanInput& in, std::string*) {
   return !coded(in) && in.device_memory && in.bytes <= in.device_team_bytes;
 }

@@ -1,0 +1,64 @@
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "runtime/communicator.h"
+
+namespace pycomm {
+
+// Link costs are measured on one pair per link class (the lowest-numbered pair within a
+// node, and across nodes) and shared through the store, so that every rank selects
+// algorithms from the same numbers. With PYCOMM_LINK_COSTS naming an existing file, rank
+// 0 reads it instead ("intra <latency_us> <bytes_per_us>" and "inter ..." lines); naming
+// a missing file, rank 0 writes the measured costs there.
+void Communicator::calibrate(Store& store, const std::string& prefix) {
+  const std::string& file = config_.link_costs_file;
+  if (rank_ == 0) {
+    std::ifstream in(file);
+    std::stringstream text;
+    if (!file.empty() && in) text << in.rdbuf();
+    store.set(prefix + "/linkcost/file", text.str());
+  }
+  const std::string cached = store.get(prefix + "/linkcost/file");
+  LinkCost* classes[2] = {&costs_.intra, &costs_.inter};
+  const char* names[2] = {"intra", "inter"};
+  for (int cls = 0; cls < 2; ++cls) {
+    std::string value;
+    std::istringstream lines(cached);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind(std::string(names[cls]) + " ", 0) == 0) value = line.substr(std::strlen(names[cls]) + 1);
+    if (value.empty()) {
+      int a = -1, b = -1;
+      for (int i = 0; i < size_ && a < 0; ++i)
+        for (int j = i + 1; j < size_ && a < 0; ++j)
+          if ((topology_.node_of[i] == topology_.node_of[j]) == (cls == 0)) { a = i; b = j; }
+      if (a < 0) continue;  // no such link: the class does not matter
+      const std::string key = prefix + "/linkcost/" + names[cls];
+      Context cx = context();
+      cx.stamp.collective = static_cast<uint8_t>(Collective::Barrier);
+      cx.deadline = Deadline::after(timeout_);
+      // Within a node the latency is a step of the whole node's ranks at once (they may
+      // outnumber the cores); across nodes, and for bandwidth, the lone pair's.
+      const std::vector<int>& node = topology_.nodes[topology_.node_of[a]];
+      double step_us = 0;
+      if (cls == 0 && topology_.node_of[rank_] == topology_.node_of[a]) step_us = step_latency_us(cx.team(node));
+      if (rank_ == a || rank_ == b) {
+        LinkCost c = ping_pong(cx, rank_ == a ? b : a, rank_ == a);
+        if (cls == 0) c.latency_us = step_us;
+        if (rank_ == a) store.set(key, std::to_string(c.latency_us) + " " + std::to_string(c.bytes_per_us));
+      }
+      value = store.get(key);
+    }
+    std::istringstream fields(value);
+    if (!(fields >> classes[cls]->latency_us >> classes[cls]->bytes_per_us) || classes[cls]->bytes_per_us <= 0)
+      fail(ErrorKind::InvalidArgument, "pycomm: malformed link costs '" + value + "' (PYCOMM_LINK_COSTS=" + file + ")");
+  }
+  if (rank_ == 0 && !file.empty() && cached.empty()) {
+    std::ofstream out(file);
+    out << "intra " << costs_.intra.latency_us << " " << costs_.intra.bytes_per_us << "\n"
+        << "inter " << costs_.inter.latency_us << " " << costs_.inter.bytes_per_us << "\n";
+  }
+}
+
+}  // namespace pycomm
