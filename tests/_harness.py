@@ -1,24 +1,24 @@
 """Multi-process harness: run one function on every rank of a real torch.distributed world.
 
 Why this shape:
-* Real processes, started with the "spawn" context (fork is unsafe once torch threads exist).
+* Real processes, each a fresh interpreter (fork is unsafe once torch threads exist),
+  started, waited for and killed by pycomm._launch.
 * Environment variables from ``env`` must be in place before torch.distributed or pycomm is
-  imported in the child (pycomm reads its knobs when a group is created, but be strict).
-  So this module imports nothing heavy at top level, the child receives the function by
+  imported in the child (pycomm reads its knobs when a group is created, but be strict):
+  they are in the child's environment from its start. The child receives the function by
   name (module + qualname) and its arguments as a pickle blob, and resolves/unpickles both
-  only after the environment is set.
+  in its own phase, so that an error there is reported like any other.
 * One pipe per rank (not a shared Queue): a rank that is SIGKILLed while writing cannot
   corrupt the other ranks' channel, and its death shows up as EOF.
 * The parent enforces one deadline for the whole world; on the deadline, or as soon as a
   rank reports a failure (after a short grace so the peers' tracebacks are collected too),
-  every straggler is SIGKILLed and joined, and an AssertionError carrying every rank's
+  every straggler is SIGKILLed and reaped, and an AssertionError carrying every rank's
   story is raised.
 """
 
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -29,6 +29,8 @@ BACKEND = os.environ.get("PYCOMM_TEST_BACKEND", "pycomm")
 
 # Seconds to keep collecting the other ranks' reports after the first failure.
 _FAILURE_GRACE_S = 3.0
+# Seconds for stragglers to write their Python stacks (SIGUSR1) before they are killed.
+_STACK_DUMP_S = 1.0
 # Per-rank report lines kept in the assertion message (tracebacks can be long).
 _MAX_REPORT_CHARS = 6000
 
@@ -39,13 +41,6 @@ WORLD = {}
 
 def is_gloo(backend=None):
     return (backend or WORLD.get("backend") or BACKEND) == "gloo"
-
-
-def free_port():
-    """A TCP port that was free a moment ago on 127.0.0.1 (small race, acceptable in tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def new_file_init_method(directory=None):
@@ -92,24 +87,32 @@ def capture_stderr(fn):
         return result, capture.read().decode()
 
 
-def _child(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
-           pg_timeout_s, stack_path, conn):
+# What a rank's fresh interpreter runs. It imports this module under its own name, from
+# this folder (test functions read WORLD from that module), then takes the parent's
+# sys.path so that it finds the function's module where the parent found it.
+_CHILD_COMMAND = ("import sys; sys.path.insert(0, sys.argv[1]); import _harness; "
+                  "_harness._child_main(*sys.argv[2:])")
+
+
+def _child_main(world_path, rank, report_fd):
+    from multiprocessing.connection import Connection
+
+    with open(world_path, "rb") as f:
+        world = pickle.load(f)  # plain data: unpickling imports nothing
+    sys.path[:] = world.pop("sys_path")
+    rank = int(rank)
+    _child(rank, stack_path=_stack_path(os.path.dirname(world_path), rank),
+           conn=Connection(int(report_fd), readable=False), **world)
+
+
+def _child(rank, world_size, fn_ref, args_blob, init_method, backend, pg_timeout_s,
+           stack_path, conn):
     # Python stacks of every thread on SIGUSR1: the parent asks for them before killing a
     # straggler, so a hang is reported with the line it hangs on.
     import faulthandler
 
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    # 1. Environment first: nothing from torch has been imported by this process yet
-    #    (this module is import-light and the arguments are still an opaque blob).
-    for k, v in (env or {}).items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
-    if init == "env":
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(init_arg),
-                          RANK=str(rank), WORLD_SIZE=str(world_size))
     phase = "setup"
     try:
         import datetime
@@ -120,14 +123,6 @@ def _child(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
             import pycomm  # noqa: F401  (registers the backend)
         fn = _resolve(*fn_ref)
         args = pickle.loads(args_blob)
-        if init == "file":
-            init_method = init_arg
-        elif init == "tcp":
-            init_method = "tcp://127.0.0.1:%d" % init_arg
-        elif init == "env":
-            init_method = "env://"
-        else:
-            raise ValueError("unknown init %r" % (init,))
         WORLD.update(backend=backend, init_method=init_method, rank=rank,
                      world_size=world_size, pg_timeout_s=pg_timeout_s)
         phase = "init_process_group"
@@ -145,8 +140,8 @@ def _child(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
         sys.stderr.flush()
         os._exit(1)
     conn.send(("ok", blob))
-    # 2. Tear down after reporting, and report the tear-down separately: a destroy that
-    #    raises or hangs is a bug too, but must not hide fn's result.
+    # Tear down after reporting, and report the tear-down separately: a destroy that
+    # raises or hangs is a bug too, but must not hide fn's result.
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -168,25 +163,6 @@ def _fn_ref(fn):
     return (mod, qual)
 
 
-def _kill_all(procs):
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        try:
-            os.kill(p.pid, signal.SIGUSR1)  # dump stacks (see _child)
-        except ProcessLookupError:
-            pass
-    if alive:
-        time.sleep(1.0)
-    for p in procs:
-        if p.is_alive():
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        p.join(10)
-
-
 def _stack_path(tmpdir, rank):
     return os.path.join(tmpdir, "stacks-rank%d.txt" % rank)
 
@@ -199,61 +175,75 @@ def _read(path):
         return ""
 
 
-def _exit_story(p):
-    code = p.exitcode
-    if code is None:
-        return "still running (killed by the harness)"
-    if code < 0:
-        try:
-            return "killed by %s" % signal.Signals(-code).name
-        except ValueError:
-            return "killed by signal %d" % -code
-    return "exit code %d" % code
+def _child_env(env, init, port, rank, world_size):
+    """The parent's environment with ``env`` applied (None removes a variable), and for
+    init "env" what env:// reads."""
+    child = dict(os.environ)
+    for k, v in (env or {}).items():
+        if v is None:
+            child.pop(k, None)
+        else:
+            child[k] = str(v)
+    if init == "env":
+        child.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                     WORLD_SIZE=str(world_size))
+    return child
 
 
 def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
               backend=None, pg_timeout=60, expect_killed=()):
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; return results.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return results.
 
-    timeout: harness deadline in seconds for the whole world (spawn + init + fn + destroy).
+    timeout: harness deadline in seconds for the whole world (start + init + fn + destroy).
     pg_timeout: the process-group timeout passed to init_process_group, in seconds.
     expect_killed: ranks that are meant to die by SIGKILL (fault tests); their result is
     None, and the world fails if they do anything else.
     """
-    import multiprocessing as mp
+    import shutil
+    from multiprocessing.connection import Connection, wait
+
+    from pycomm import _launch
 
     backend = backend or BACKEND
     expect_killed = set(expect_killed)
     fn_ref = _fn_ref(fn)
-    args_blob = pickle.dumps(tuple(args))
     tmpdir = tempfile.mkdtemp(prefix="pycomm-test-")
+    port = None
     if init == "file":
-        init_arg = new_file_init_method(tmpdir)
-    elif init in ("tcp", "env"):
-        init_arg = free_port()
+        init_method = new_file_init_method(tmpdir)
+    elif init == "tcp":
+        port = _launch.free_port()
+        init_method = "tcp://127.0.0.1:%d" % port
+    elif init == "env":
+        port = _launch.free_port()
+        init_method = "env://"
     else:
         raise ValueError("init must be 'file', 'tcp' or 'env', not %r" % (init,))
+    world_path = os.path.join(tmpdir, "world.pickle")
+    with open(world_path, "wb") as f:
+        pickle.dump(dict(world_size=world_size, fn_ref=fn_ref, args_blob=pickle.dumps(tuple(args)),
+                         init_method=init_method, backend=backend, pg_timeout_s=pg_timeout,
+                         sys_path=list(sys.path)), f)
 
-    ctx = mp.get_context("spawn")
     deadline = time.monotonic() + timeout
-    procs, conns = [], []
-    for rank in range(world_size):
-        recv_end, send_end = ctx.Pipe(duplex=False)
-        p = ctx.Process(
-            target=_child, name="rank%d" % rank, daemon=True,
-            args=(rank, world_size, fn_ref, args_blob, env, init, init_arg, backend,
-                  pg_timeout, _stack_path(tmpdir, rank), send_end))
-        p.start()
-        send_end.close()  # so that EOF on recv_end means the child is gone
-        procs.append(p)
-        conns.append(recv_end)
-
+    conns = []
     results = [None] * world_size
     state = ["running"] * world_size   # running -> ok -> destroyed | err | dead
     notes = [""] * world_size
     fail_at = None
+    procs = _launch.Processes()
     try:
-        from multiprocessing.connection import wait
+        for rank in range(world_size):
+            read_fd, write_fd = os.pipe()
+            conns.append(Connection(read_fd, writable=False))
+            try:
+                procs.start([sys.executable, "-c", _CHILD_COMMAND,
+                             os.path.dirname(os.path.abspath(__file__)), world_path,
+                             str(rank), str(write_fd)],
+                            env=_child_env(env, init, port, rank, world_size),
+                            pass_fds=(write_fd,))
+            finally:
+                os.close(write_fd)  # so that EOF on read_fd means the child is gone
 
         open_conns = {c: r for r, c in enumerate(conns)}
         while open_conns:
@@ -289,27 +279,25 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
                 if bad and fail_at is None:
                     fail_at = time.monotonic()
         # Everyone reported; give the processes the rest of the deadline to exit cleanly.
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()) if fail_at is None else 0.5)
+        procs.wait(max(0.0, deadline - time.monotonic()) if fail_at is None else 0.5)
+        procs.dump_stacks(procs.running(), _STACK_DUMP_S)
     finally:
-        _kill_all(procs)
+        procs.kill()
         for c in conns:
             c.close()
         stacks = [_read(_stack_path(tmpdir, r)) for r in range(world_size)]
-        import shutil
-
         shutil.rmtree(tmpdir, ignore_errors=True)
 
     problems = []
-    for r, p in enumerate(procs):
-        story = _exit_story(p)
+    for r in range(world_size):
+        story = procs.ending(r)
         if r in expect_killed:
-            if state[r] == "dead" and p.exitcode == -signal.SIGKILL:
+            if state[r] == "dead" and procs.exit_code(r) == -signal.SIGKILL:
                 continue
             problems.append((r, "expected to be killed by SIGKILL, but state=%s, %s"
                              % (state[r], story), notes[r]))
             continue
-        if state[r] == "destroyed" and p.exitcode == 0:
+        if state[r] == "destroyed" and procs.exit_code(r) == 0:
             continue
         if state[r] == "running":
             what = ("no result before the %ss deadline" % timeout if fail_at is None

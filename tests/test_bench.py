@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("pycomm")
 
+from pycomm._launch import free_port  # noqa: E402
 from pycomm.bench import main as bench_main  # noqa: E402
 from pycomm.bench.collectives import COLLECTIVES  # noqa: E402
 
@@ -134,7 +135,7 @@ def test_planted_error_is_counted_and_fails_the_run(tmp_path):
 def test_torchrun_launcher_and_compression_error(tmp_path):
     path = tmp_path / "run.jsonl"
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", str(_free_port()), "-m", "pycomm.bench", "--sizes", "1K",
+                "--master-port", str(free_port()), "-m", "pycomm.bench", "--sizes", "1K",
                 "--backends", "pycomm,c16=pycomm:compression=fp16", "--jsonl", str(path)]
                + TINY)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -143,14 +144,6 @@ def test_torchrun_launcher_and_compression_error(tmp_path):
     assert rows["pycomm"]["env"]["launcher"] == "torchrun"
     assert rows["pycomm"]["env"]["world_size"] == 2
     assert rows["pycomm"]["relerr"] < 1e-6 < rows["c16"]["relerr"] < 1e-2
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("args, message", [

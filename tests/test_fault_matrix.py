@@ -28,6 +28,7 @@ import pytest
 
 from _fault_checks import contract_problems, sticky_problems
 from _harness import is_gloo
+from pycomm._launch import Processes
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fault_worker.py")
 
@@ -229,35 +230,23 @@ def run_scenarios(scenarios, directory):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("PYCOMM_FAULT", None)  # only the plan's faulty groups get one
     logs = [os.path.join(directory, "process-%d.log" % i) for i in range(len(fates))]
-    running, stopped, late = [], set(), []
-    try:
+    with Processes() as world:
         for i, log_path in enumerate(logs):
             with open(log_path, "w") as log:
-                running.append(subprocess.Popen([sys.executable, WORKER, plan_path, str(i)],
-                                                stdout=log, stderr=subprocess.STDOUT, env=env))
+                world.start([sys.executable, WORKER, plan_path, str(i)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
         # Every process ends by itself, but the stopped ones.
-        deadline = time.monotonic() + WORLD_DEADLINE_S
-        while time.monotonic() < deadline and any(
-                p.poll() is None for i, p in enumerate(running) if fates[i] != "stopped"):
-            time.sleep(0.05)
-        stopped = {i for i, p in enumerate(running) if _state(p.pid) == "T"}
-        late = [i for i, p in enumerate(running) if p.poll() is None and i not in stopped]
-        for i in late:
-            running[i].send_signal(signal.SIGUSR1)  # stacks into its log (see the worker)
-        if late:
-            time.sleep(1.0)
-    finally:
-        for p in running:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        world.wait(WORLD_DEADLINE_S, [i for i in range(len(world)) if fates[i] != "stopped"])
+        stopped = {i for i in world.running() if _state(world.pid(i)) == "T"}
+        late = [i for i in world.running() if i not in stopped]
+        world.dump_stacks(late, 1.0)  # into their logs (see the worker)
     processes = []
-    for i, p in enumerate(running):
+    for i in range(len(world)):
         path, records = os.path.join(directory, "records-%d.jsonl" % i), {}
         if os.path.exists(path):
             with open(path) as f:
                 records = {r["scenario"]: r for r in map(json.loads, f)}
-        status = "stopped" if i in stopped else "late" if i in late else p.returncode
+        status = "stopped" if i in stopped else "late" if i in late else world.exit_code(i)
         processes.append({"status": status, "records": records, "log": logs[i]})
     return {"procs": procs, "fates": fates, "processes": processes}
 

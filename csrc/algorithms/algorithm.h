@@ -136,29 +136,70 @@ struct SegmentChunks {
     len = off < l ? std::min(chunk, l - off) : 0;
   }
 };
-// Chunk c of a reduce-scatter: segment r of the chunk, reduced over the team, is written
-// to own_out (at its offset within segment r) finalized (Final) or in the accumulation
-// format (Partial).
+// ---- How data travels, and the named steps the collectives are made of ----
+//
+// Compression (DESIGN.md section 4), error that does not grow with the world size: every
+// contribution is quantized exactly once, as it leaves its rank (an Input term under a
+// codec is quantized as it is loaded, so the rank's own one too); the reduction of each
+// element runs in fp32 in logical rank order from those quantized operands; a result is
+// quantized once more (Stage::FinalEncoded) where it travels back, and every rank, its
+// owner included, decodes the same encoded bits. Nothing is requantized per hop: where a
+// ring would forward partial sums, contributions go straight to the rank that reduces them
+// (the direct step) and only encoded results are forwarded, byte for byte. Fusion: a
+// frame is decoded, accumulated and encoded block by block straight out of its slot, in
+// one pass (DeviceOps::reduce_terms). Layout: all-reduce segments and chunks are whole
+// codec blocks, so blocks start at multiples of the block in the tensor on every path
+// (a contribution's quantization is pycomm.quantize() of it); reduce-scatter and
+// all-gather blocks start at each rank's segment.
+
+// The format contributions and results travel in: the storage format, or the call's codec.
+struct Wire {
+  ReduceSpec spec;
+  size_t es;  // bytes per element in the storage format
+
+  Wire(const Context& cx, const Request& rq) : spec(cx.spec(rq)), es(element_size(rq.dtype)) {}
+  bool coded() const { return spec.codec != Compression::None; }
+  size_t bytes(size_t len) const;  // of `len` elements on the wire
+  // Elements per frame: whole codec blocks whose encoding fits a slot, coded.
+  size_t chunk(const Context& cx) const;
+  // The unit all-reduce segments are cut in: whole codec blocks, coded.
+  size_t allreduce_unit() const { return coded() ? spec.block : 1; }
+  // `len` elements of a contribution (storage format), as they go on the wire.
+  void put(const Context& cx, void* wire, const void* contribution, size_t len) const;
+  // A contribution received from the wire, as an operand of a fold.
+  Term term(const void* wire) const { return {wire, coded() ? Form::Encoded : Form::Input}; }
+  // `len` elements of a result on the wire, into `out` (storage format).
+  void take(const Context& cx, void* out, const void* wire, size_t len) const;
+};
+
+// The direct step of chunk c (recv-all-reduce): this rank sends its contribution's piece
+// of segment s to each peer s (a buffer of one segment is every rank's to reduce: the
+// one-shot sends all of it to every peer), then holds the n-1 frames of its own piece at
+// once and folds the n contributions in logical rank order into `out` (this piece, not
+// offset) at `stage`: each element rounded once, whatever the order of arrival. Per chunk
+// a rank sends n-1 frames, then receives n-1, so a peer is never more than one chunk
+// behind and pipeline_depth >= 2 slots suffice.
+void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, const SegmentChunks& chunks,
+                        size_t c, void* out, Stage stage);
+// The gather steps of chunk c: this rank's piece of segment r, on the wire at `mine`,
+// reaches every rank, and every peer's piece is taken into `out` (the whole buffer).
+// Direct: sent to every peer at once (one step). Ring (recv-copy-send): passed r -> r+1,
+// each rank taking a piece and forwarding it straight from the received slot (n-1 steps,
+// neighbour links only; pipelined chunk-major like the ring reduce-scatter).
+void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
+                        const void* mine, void* out);
+void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
+                      const void* mine, void* out);
+using GatherStep = decltype(&direct_gather_step);
+// Ring reduce-scatter of chunk c (recv-reduce-send), uncoded: segment r of the chunk,
+// reduced over the team, is written to own_out (at its offset within segment r).
 void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
                                void* own_out);
-void direct_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& chunks, size_t c,
-                                 void* own_out, Stage stage);
-// Chunk c of an all-gather in place: segment r of `buffer` (element size `es`) reaches
-// every rank of the team.
-void ring_all_gather_chunk(const Context& cx, const Request& rq, const SegmentChunks& ring, size_t c,
-                           void* buffer);
-void direct_all_gather_chunk(const Context& cx, const SegmentChunks& chunks, size_t c, void* buffer, size_t es);
 
-// Compressed collectives (compressed.cc); rq.options.compression is set.
-void coded_reduce_scatter_chunk(const Context& cx, const Request& rq, const SegmentChunks& chunks, size_t c,
-                                void* out, Stage stage);
-void coded_allreduce(const Context& cx, const Request& rq, Algorithm algorithm);  // ring, oneshot, twoshot
-void coded_reduce_scatter(const Context& cx, const Request& rq);
-void coded_allgather(const Context& cx, const Request& rq, Algorithm algorithm);  // ring, oneshot
-
-void ring_allreduce(const Context& cx, const Request& rq);
-// Deterministic modes' ring: the direct reduce-scatter of twoshot (each element reduced by
-// its owner from all contributions) and the ring all-gather.
+// The collectives: each serves plain and coded calls of its shape (csrc/algorithms/<name>.cc).
+void ring_allreduce(const Context& cx, const Request& rq);  // uncoded, determinism 0
+// Deterministic modes' and codecs' ring: the direct step (each element reduced by its
+// owner from all contributions) and the ring all-gather (direct_allreduce.cc).
 void direct_ring_allreduce(const Context& cx, const Request& rq);
 void tree_allreduce(const Context& cx, const Request& rq);
 void hierarchical_allreduce(const Context& cx, const Request& rq);

@@ -12,7 +12,7 @@
 // * accum_size, against 2 (n-1)/n * count * accum_size for a flat ring whose every link
 // carries the full stream. Transports: shared memory within nodes, TCP between them (any
 // works). Compressed: only step 2 is, on the node's partial sums (each quantized once,
-// the result once more; see compressed.cc); the intra-node steps stay exact.
+// the result once more; see algorithm.h); the intra-node steps stay exact.
 //
 // Overlap. A large buffer is cut into slices of whole chunks. A helper thread runs step 2
 // slice by slice while this thread runs step 1 on later slices and steps 3-4 on earlier
@@ -146,21 +146,24 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
     Request part = across;
     part.input = part.output = partial + first * ws;
     part.count = len;
-    if (part.options.compression != Compression::None) coded_allreduce(inter, part, Algorithm::Ring);
-    else ring_allreduce(inter, part);
+    (part.options.compression != Compression::None ? direct_ring_allreduce : ring_allreduce)(inter, part);
   };
   char* out = static_cast<char*>(rq.output);
+  const Wire plain(intra, within);
   auto scatter = [&](size_t s) {  // 1
     for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
-      direct_reduce_scatter_chunk(intra, within, shards, c, partial, Stage::Partial);
+      direct_reduce_step(intra, within, plain, shards, c, partial + c * shards.chunk * ws, Stage::Partial);
   };
   auto finish = [&](size_t s) {  // 3, 4
     size_t first, len;
     elements_of(s, first, len);
     const Term shard{partial + first * ws, Form::Partial};
     cx.ops->reduce_terms(cx.spec(rq), Stage::Final, out + (shards.seg.begin(local) + first) * es, &shard, 1, len);
-    for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
-      direct_all_gather_chunk(intra, shards, c, out, es);
+    for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c) {
+      size_t mine, mine_len;
+      shards.piece(local, c, mine, mine_len);
+      direct_gather_step(intra, plain, shards, c, out + mine * es, out);
+    }
   };
 
   if (slices == 1) {

@@ -19,12 +19,15 @@ void ring_allreduce(const Context& cx, const Request& rq) {
     cx.ops->reduce(cx.spec(rq), Stage::Final, rq.output, rq.input, nullptr, rq.count);
     return;
   }
+  const Wire wire(cx, rq);  // uncoded
   const SegmentChunks ring{Segments{rq.count, static_cast<size_t>(cx.size)}, cx.chunk_bytes / accum_size(rq.dtype)};
   auto* out = static_cast<char*>(rq.output);
-  char* own = out + ring.seg.begin(cx.rank) * element_size(rq.dtype);
+  char* own = out + ring.seg.begin(cx.rank) * wire.es;
   for (size_t c = 0; c < ring.count(); ++c) {
     ring_reduce_scatter_chunk(cx, rq, ring, c, own);
-    ring_all_gather_chunk(cx, rq, ring, c, out);
+    size_t first, len;
+    ring.piece(cx.rank, c, first, len);
+    ring_gather_step(cx, wire, ring, c, out + first * wire.es, out);
   }
 }
 

@@ -55,6 +55,20 @@ void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, siz
   }
 }
 
+// The root's list of a gather's outputs or a scatter's inputs (`lists` holds one, of a
+// tensor per rank, each like `like`); null on the other ranks, which must pass none.
+const std::vector<at::Tensor>* root_list(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
+                                         bool root, size_t n, const char* op, const char* what) {
+  if (!root) {
+    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "pycomm: ", op, ": only the root passes ",
+                      what, " tensors");
+    return nullptr;
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1, "pycomm: ", op, ": the root takes one ", what, " list, got ", lists.size());
+  check_list(lists[0], like, n, op);
+  return &lists[0];
+}
+
 // The stream the calling thread enqueues work on for `device` (CUDA), through torch's
 // device-generic interface, so that this file needs no CUDA header.
 c10::Stream current_stream(const at::Device& device) {
@@ -553,14 +567,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vecto
   rq.root = root;
   rq.input = l.in(in).data_ptr();
   rq.count = in.numel();
-  if (getRank() == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1, "pycomm: gather: the root takes one output list, got ", outputs.size());
-    check_list(outputs[0], in, getSize(), "gather");
-    rq.output = l.out_split(outputs[0], in).data_ptr();
-    l.result = outputs[0];
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                      "pycomm: gather: only the root passes output tensors");
+  if (const auto* list = root_list(outputs, in, getRank() == root, getSize(), "gather", "output")) {
+    rq.output = l.out_split(*list, in).data_ptr();
+    l.result = *list;
   }
   l.requests.push_back(rq);
   return launch(c10d::OpType::GATHER, "pycomm:gather", std::move(l), !opts.asyncOp);
@@ -576,14 +585,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::scatter(std::vector<at::Tenso
   rq.root = root;
   rq.output = l.out(out).data_ptr();
   rq.count = out.numel();
-  if (getRank() == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: scatter: the root takes one input list, got ", inputs.size());
-    check_list(inputs[0], out, getSize(), "scatter");
-    rq.input = l.in_concat(inputs[0]).data_ptr();
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                      "pycomm: scatter: only the root passes input tensors");
-  }
+  if (const auto* list = root_list(inputs, out, getRank() == root, getSize(), "scatter", "input"))
+    rq.input = l.in_concat(*list).data_ptr();
   l.requests.push_back(rq);
   l.result = outputs;
   return launch(c10d::OpType::SCATTER, "pycomm:scatter", std::move(l), !opts.asyncOp);

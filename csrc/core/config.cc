@@ -109,6 +109,24 @@ void parse_algorithms(const Setting& s, Config& c) {
   }
 }
 
+// The parsers of most rows: a member of Config and its range.
+template <auto Member, long long lo, long long hi>
+std::string integer_knob(Config& c, const Setting& s) {
+  return integer(s, lo, hi, c.*Member);
+}
+template <auto Member, long long hi>
+std::string chunk_knob(Config& c, const Setting& s) {
+  return chunk_bytes(s, hi, c.*Member);
+}
+template <auto Member>
+std::string enum_knob(Config& c, const Setting& s) {
+  return chosen(s, c.*Member);
+}
+template <auto Member>
+std::string text_knob(Config& c, const Setting& s) {
+  return c.*Member = s.value;
+}
+
 constexpr bool kSameOnEveryRank = true, kPerRank = false;
 
 }  // namespace
@@ -135,55 +153,55 @@ const std::vector<Knob>& knobs() {
        kPerRank, [](Config& c, const Setting& s) { return chosen(s, c.defaults.determinism); }},
       {"PYCOMM_TRANSPORT", "auto",
        "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return chosen(s, c.transport); }},
+       kSameOnEveryRank, enum_knob<&Config::transport>},
       {"PYCOMM_RANKS_PER_NODE", "0",
        "Treat consecutive groups of N ranks as one node (0: group by host).",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return integer(s, 0, 1 << 20, c.ranks_per_node); }},
+       kSameOnEveryRank, integer_knob<&Config::ranks_per_node, 0, 1 << 20>},
       {"PYCOMM_SOCKET_IFNAME", "",
        "Network interface (name, or one of its IPv4 addresses) TCP listens on (default: loopback within a host, else the first up interface).",
-       kPerRank, [](Config& c, const Setting& s) { return c.socket_ifname = s.value; }},
+       kPerRank, text_knob<&Config::socket_ifname>},
       {"PYCOMM_LINK_COSTS", "",
        "Calibration file of link costs for algorithm selection: read if it exists, else written after measuring (default: measure at group creation).",
-       kPerRank, [](Config& c, const Setting& s) { return c.link_costs_file = s.value; }},
+       kPerRank, text_knob<&Config::link_costs_file>},
       {"PYCOMM_SHM_CHUNK_BYTES", "262144",
        "Payload bytes per shared-memory slot: the pipelining chunk.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return chunk_bytes(s, 64 << 20, c.shm_chunk_bytes); }},
+       kSameOnEveryRank, chunk_knob<&Config::shm_chunk_bytes, 64 << 20>},
       {"PYCOMM_CUDA_CHUNK_BYTES", "4194304",
        "Payload bytes per slot between ranks' CUDA memory on one host (CUDA IPC): the pipelining chunk of collectives on CUDA tensors.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return chunk_bytes(s, 256 << 20, c.cuda_chunk_bytes); }},
+       kSameOnEveryRank, chunk_knob<&Config::cuda_chunk_bytes, 256 << 20>},
       {"PYCOMM_CUDA_FLAG_BYTES", "65536",
        "One-shot all-reduces on CUDA tensors of at most this many bytes, in a group whose ranks all share one host and map each other's CUDA memory, run as one kernel per rank that synchronizes with its peers through flags in device memory, with no host thread in between; 0: always host-driven.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return integer(s, 0, 64 << 20, c.cuda_flag_bytes); }},
+       kSameOnEveryRank, integer_knob<&Config::cuda_flag_bytes, 0, 64 << 20>},
       {"PYCOMM_CUDA_FLAGS", "auto",
        "Where the flag-synchronized one-shot runs: auto (when the ranks' kernels can run at the same time: each rank on its own GPU, or GPUs shared through MPS) or always (also where processes time-slice one GPU: right, but every wait lasts a time slice).",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return chosen(s, c.cuda_flags); }},
+       kSameOnEveryRank, enum_knob<&Config::cuda_flags>},
       {"PYCOMM_KERNELS", "auto",
        "Kernels for CUDA tensors where pycomm reduces over another backend (the layered path): auto (pycomm's CUDA kernels in a CUDA build, else its Triton kernels), cuda or triton.",
-       kPerRank, [](Config& c, const Setting& s) { return chosen(s, c.kernels); }},
+       kPerRank, enum_knob<&Config::kernels>},
       {"PYCOMM_TCP_CHUNK_BYTES", "1048576",
        "Payload bytes per TCP frame: the pipelining chunk.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return chunk_bytes(s, 64 << 20, c.tcp_chunk_bytes); }},
+       kSameOnEveryRank, chunk_knob<&Config::tcp_chunk_bytes, 64 << 20>},
       {"PYCOMM_PIPELINE_DEPTH", "4",
        "Slots per channel direction (frames in flight between two ranks), 2 to 64.",
-       kSameOnEveryRank, [](Config& c, const Setting& s) { return integer(s, 2, 64, c.pipeline_depth); }},
+       kSameOnEveryRank, integer_knob<&Config::pipeline_depth, 2, 64>},
       {"PYCOMM_EAGER_BYTES", "65536",
        "Asynchronous collectives on tensors of at most this many bytes run on the calling thread when the group is idle (their Work comes back completed); 0: always on the worker thread.",
-       kPerRank, [](Config& c, const Setting& s) { return integer(s, 0, 1LL << 40, c.eager_bytes); }},
+       kPerRank, integer_knob<&Config::eager_bytes, 0, 1LL << 40>},
       {"PYCOMM_SPIN_US", "-1",
        "Microseconds a waiter polls (yielding the core between polls) before blocking; -1: 50 when local ranks <= cores, else 30.",
-       kPerRank, [](Config& c, const Setting& s) { return integer(s, -1, 1000000, c.spin_us); }},
+       kPerRank, integer_knob<&Config::spin_us, -1, 1000000>},
       {"PYCOMM_TEST_PERTURB", "",
        "Test hook: <seed>:<max_us>[:<rank>[:<step>]] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals; with <step>, exactly max_us before the step-th frame (from 0) of each collective only.",
-       kPerRank, [](Config& c, const Setting& s) { return c.test_perturb = s.value; }},
+       kPerRank, text_knob<&Config::test_perturb>},
       {"PYCOMM_FAULT", "",
        "Test hook: <rank>:<op>:<seq>:<point>:<action>[:<arg>][,...] injects a fault on one rank at an operation (op as logs name it, or *; seq as errors show it, or *) at point before|during|during@<k>|after: kill (SIGKILL), stop (SIGSTOP), exit[:<status>] (_exit), raise (an Internal error), delay:<ms>, drop (abort the rank's transports) or corrupt[:seq|count|bytes] (a header field of the frame, during only).",
-       kPerRank, [](Config& c, const Setting& s) { return c.fault = s.value; }},
+       kPerRank, text_knob<&Config::fault>},
       {"PYCOMM_DEBUG", "WARN",
        "Logging to stderr: WARN|INFO|TRACE (INFO: a line per group, and rank 0 logs a line per operation when it ends: sequence number, op, bytes, dtype, algorithm, compression, determinism level, time; TRACE: every rank logs each operation's start and end, and every frame it sends or receives).",
-       kPerRank, [](Config& c, const Setting& s) { return chosen(s, c.log_level); }},
+       kPerRank, enum_knob<&Config::log_level>},
       {"PYCOMM_FLIGHT_RECORDER", "64",
        "Operations each rank's flight recorder keeps per group (0: none); written as JSON when an operation fails or times out, and on demand (pycomm.dump_flight_recorder).",
-       kPerRank, [](Config& c, const Setting& s) { return integer(s, 0, 1 << 20, c.flight_recorder_entries); }},
+       kPerRank, integer_knob<&Config::flight_recorder_entries, 0, 1 << 20>},
       {"PYCOMM_FLIGHT_RECORDER_DIR", "",
        "Directory of the flight recorder's files pycomm-flight-recorder-<group>-rank<r>-pid<pid>.json (default: $TMPDIR, else /tmp).",
        kPerRank, [](Config& c, const Setting& s) {

@@ -181,10 +181,8 @@ bool coded(const PlanInput& in) { return in.options.compression != Compression::
 bool ordered(const PlanInput& in) { return in.options.determinism != Determinism::Default; }
 
 bool always(const PlanInput&, std::string*) { return true; }
-bool plain(const PlanInput& in, std::string*) { return !coded(in); }
 bool plain_unordered(const PlanInput& in, std::string*) { return !coded(in) && !ordered(in); }
-bool plain_ordered(const PlanInput& in, std::string*) { return !coded(in) && ordered(in); }
-bool with_codec(const PlanInput& in, std::string*) { return coded(in); }
+bool ordered_or_coded(const PlanInput& in, std::string*) { return coded(in) || ordered(in); }
 bool fits_device_team(const PlanInput& in, std::string*) {
   return !coded(in) && in.device_memory && in.bytes <= in.device_team_bytes;
 }
@@ -212,38 +210,26 @@ void run_on_device_team(const Context& cx, const Request& rq) {
 }
 
 // One row per variant a family can run as; within a family the first row that applies
-// runs. The compressed rows run the coded form of the same shape (compressed.cc).
+// runs. Each algorithm serves plain and coded calls of its shape.
 const std::vector<Row>& rows() {
   using C = Collective;
   using A = Algorithm;
   using V = Variant;
   static const std::vector<Row> table = {
       {C::AllReduce, A::Ring, V::Ring, plain_unordered, ring_allreduce_us, ring_allreduce},
-      {C::AllReduce, A::Ring, V::DirectRing, plain_ordered, direct_ring_allreduce_us, direct_ring_allreduce},
-      {C::AllReduce, A::Ring, V::DirectRing, with_codec, direct_ring_allreduce_us,
-       [](const Context& cx, const Request& rq) { coded_allreduce(cx, rq, Algorithm::Ring); }},
+      {C::AllReduce, A::Ring, V::DirectRing, ordered_or_coded, direct_ring_allreduce_us, direct_ring_allreduce},
       {C::AllReduce, A::OneShot, V::OneShotFlags, fits_device_team, flags_allreduce_us, run_on_device_team},
-      {C::AllReduce, A::OneShot, V::OneShot, plain, oneshot_allreduce_us, oneshot_allreduce},
-      {C::AllReduce, A::OneShot, V::OneShot, with_codec, oneshot_allreduce_us,
-       [](const Context& cx, const Request& rq) { coded_allreduce(cx, rq, Algorithm::OneShot); }},
-      {C::AllReduce, A::TwoShot, V::TwoShot, plain, twoshot_allreduce_us, twoshot_allreduce},
-      {C::AllReduce, A::TwoShot, V::TwoShot, with_codec, twoshot_allreduce_us,
-       [](const Context& cx, const Request& rq) { coded_allreduce(cx, rq, Algorithm::TwoShot); }},
+      {C::AllReduce, A::OneShot, V::OneShot, always, oneshot_allreduce_us, oneshot_allreduce},
+      {C::AllReduce, A::TwoShot, V::TwoShot, always, twoshot_allreduce_us, twoshot_allreduce},
       {C::AllReduce, A::Tree, V::Tree, tree_applies, tree_allreduce_us, tree_allreduce},
       {C::AllReduce, A::Hierarchical, V::Hierarchical, hierarchical_applies, hierarchical_allreduce_us,
        hierarchical_allreduce},
       // Compressed or ordered reduce-scatters send each contribution straight to its owner.
       {C::ReduceScatter, A::Ring, V::Ring, plain_unordered, ring_pass_us, ring_reduce_scatter},
-      {C::ReduceScatter, A::Ring, V::Direct, plain_ordered, direct_pass_us, direct_reduce_scatter},
-      {C::ReduceScatter, A::Ring, V::Direct, with_codec, direct_pass_us, coded_reduce_scatter},
-      {C::ReduceScatter, A::OneShot, V::Direct, plain, direct_pass_us, direct_reduce_scatter},
-      {C::ReduceScatter, A::OneShot, V::Direct, with_codec, direct_pass_us, coded_reduce_scatter},
-      {C::AllGather, A::Ring, V::Ring, plain, ring_pass_us, ring_allgather},
-      {C::AllGather, A::Ring, V::Ring, with_codec, ring_pass_us,
-       [](const Context& cx, const Request& rq) { coded_allgather(cx, rq, Algorithm::Ring); }},
-      {C::AllGather, A::OneShot, V::Direct, plain, direct_pass_us, direct_allgather},
-      {C::AllGather, A::OneShot, V::Direct, with_codec, direct_pass_us,
-       [](const Context& cx, const Request& rq) { coded_allgather(cx, rq, Algorithm::OneShot); }},
+      {C::ReduceScatter, A::Ring, V::Direct, ordered_or_coded, direct_pass_us, direct_reduce_scatter},
+      {C::ReduceScatter, A::OneShot, V::Direct, always, direct_pass_us, direct_reduce_scatter},
+      {C::AllGather, A::Ring, V::Ring, always, ring_pass_us, ring_allgather},
+      {C::AllGather, A::OneShot, V::Direct, always, direct_pass_us, direct_allgather},
       {C::Broadcast, A::Auto, V::Chain, always, not_modelled_us, chain_broadcast},
       {C::Reduce, A::Auto, V::Chain, always, not_modelled_us, chain_reduce},
       {C::Gather, A::Auto, V::Direct, always, not_modelled_us, direct_gather},

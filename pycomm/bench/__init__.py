@@ -20,7 +20,7 @@ Layout (each piece is written once and shared by every backend, dtype and collec
                   the correctness check and the accuracy call.
 * ``timing``      iteration policy and the one timing loop (both modes).
 * ``worker``      what each rank runs: groups, the sweep, the checks.
-* ``launch``      starts the ranks (multiprocessing spawn, or mpirun for MPI peers),
+* ``launch``      starts the ranks (a process per rank, or mpirun for MPI peers),
                   enforces the deadline, collects results or tracebacks; or runs this
                   process as one of torchrun's ranks.
 * ``report``      the formatter (tables, comparison, dispatch overhead, summary) and the

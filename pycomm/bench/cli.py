@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default="file", choices=("file", "tcp"), help="rendezvous")
     p.add_argument("--launcher", default="auto",
                    choices=("auto",) + tuple(LAUNCHERS) + ("torchrun",),
-                   help="how ranks start: spawn (multiprocessing), mpirun, or torchrun (this "
+                   help="how ranks start: spawn (a process per rank), mpirun, or torchrun (this "
                         "process is one of torchrun's ranks); auto: torchrun when its "
                         "environment is set, mpirun when a backend needs it (mpi), else spawn")
     p.add_argument("--json", metavar="PATH", default=None,

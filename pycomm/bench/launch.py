@@ -1,10 +1,11 @@
 """Start the local ranks, watch them against one deadline, collect results or failures.
 
-* Two launchers. "spawn" (the default): multiprocessing children with the "spawn" start
-  method (fork is unsafe once torch threads exist). "mpirun": ``mpirun -np N python -m
-  pycomm.bench.worker DIR``, which MPI peers need (their ranks must share
-  MPI_COMM_WORLD). Under torchrun there is nothing to start: :func:`run_here` makes this
-  process the rank torchrun says it is, and torchrun watches the ranks.
+* Two launchers. "spawn" (the default): ``python -m pycomm.bench.worker DIR RANK WORLD``
+  per rank, each a fresh interpreter (fork is unsafe once torch threads exist). "mpirun":
+  ``mpirun -np N python -m pycomm.bench.worker DIR``, which MPI peers need (their ranks
+  must share MPI_COMM_WORLD). Both start their processes with pycomm._launch. Under
+  torchrun there is nothing to start: :func:`run_here` makes this process the rank
+  torchrun says it is, and torchrun watches the ranks.
 * The run's directory (a fresh temp dir, mode 0700) holds the pickled config, the
   file:// rendezvous when used, the ranks' stack files and the control socket. Each rank
   connects to that socket and reports over its own connection, so a rank that dies
@@ -12,8 +13,9 @@
   is removed afterwards.
 * One deadline for the whole run. On the deadline, or shortly after the first failure
   (a grace period lets the peers' tracebacks arrive), every straggler gets SIGUSR1 (its
-  faulthandler writes its Python stacks to a per-rank file), then SIGKILL (under mpirun
-  also mpirun's process group: Open MPI puts each rank in a process group of its own);
+  faulthandler writes its Python stacks to a per-rank file), then SIGKILL to the process
+  group of each process started (under mpirun also to each rank by pid: Open MPI puts each
+  rank in a process group of its own);
   :class:`WorldFailed` carries each rank's state, last phase, traceback and stacks. The
   parent never waits unbounded.
 """
@@ -28,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
+from .._launch import Processes, free_port, signal_pid
 from .worker import CONTROL_SOCKET, RUN_FILE, stack_path
 
 FAILURE_GRACE_S = 3.0      # keep collecting peers' reports after the first failure
@@ -40,20 +43,6 @@ POLL_S = 0.5               # how often ranks that have not connected yet are loo
 
 class WorldFailed(Exception):
     """The run failed; str() is the whole story, one section per rank in trouble."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill(pid: Optional[int], sig) -> None:
-    if pid:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _pid_alive(pid: Optional[int]) -> bool:
@@ -72,17 +61,6 @@ def _read(path: str) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-def _code_story(code: Optional[int], what: str = "exit code") -> str:
-    if code is None:
-        return "still running, killed"
-    if code < 0:
-        try:
-            return "killed by %s" % signal.Signals(-code).name
-        except ValueError:
-            return "killed by signal %d" % -code
-    return "%s %d" % (what, code)
 
 
 def mpirun_command(world: int) -> List[str]:
@@ -106,95 +84,89 @@ def mpirun_version() -> Optional[str]:
     return first.split(" ", 1)[-1] or None
 
 
-# A launcher starts ``world`` ranks on construction; ``pids`` fills in as ranks say hello.
+def _worker_command(rundir: str) -> List[str]:
+    return [sys.executable, "-m", "pycomm.bench.worker", rundir]
+
+
+def _worker_env() -> Dict[str, str]:
+    """This process's environment, where the ranks import this checkout's package, whatever
+    their working directory."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+# A launcher starts ``world`` ranks with start(); ``pids`` fills in as ranks say hello.
+# kill() ends whatever start() began, also when start() failed halfway.
 class _Spawned:
-    """Ranks as multiprocessing "spawn" children of this process."""
+    """One process per rank, children of this process."""
 
-    def __init__(self, rundir: str, world: int, pids: List[Optional[int]]):
-        import multiprocessing as mp
+    def __init__(self, pids: List[Optional[int]]):
+        self.processes = Processes()
 
-        from .worker import rank_main
-
-        ctx = mp.get_context("spawn")
-        self.procs = []
+    def start(self, rundir: str, world: int) -> None:
         for rank in range(world):
-            p = ctx.Process(target=rank_main, name="pycomm-bench-rank%d" % rank, daemon=True,
-                            args=(rundir, rank, world, rank))
-            p.start()
-            self.procs.append(p)
+            self.processes.start(_worker_command(rundir) + [str(rank), str(world)],
+                                 env=_worker_env())
 
     def exited(self, rank: int) -> bool:
-        return self.procs[rank].exitcode is not None
+        return self.processes.exit_code(rank) is not None
 
     def alive(self, rank: int) -> bool:
-        return self.procs[rank].is_alive()
+        return not self.exited(rank)
 
     def join(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        for p in self.procs:
-            p.join(max(0.0, end - time.monotonic()))
+        self.processes.wait(timeout)
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                _kill(p.pid, signal.SIGKILL)
-        for p in self.procs:
-            p.join(10)
+        self.processes.kill()
 
     def story(self, rank: int) -> str:
-        return _code_story(self.procs[rank].exitcode)
+        return self.processes.ending(rank)
 
     def clean_exit(self, rank: int) -> bool:
-        return self.procs[rank].exitcode == 0
+        return self.processes.exit_code(rank) == 0
 
 
 class _Mpirun:
     """Ranks started by one mpirun child; their pids come from their hello messages."""
 
-    def __init__(self, rundir: str, world: int, pids: List[Optional[int]]):
+    def __init__(self, pids: List[Optional[int]]):
         self.pids = pids
-        env = dict(os.environ)
-        # The ranks import this checkout's package, whatever their working directory.
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        cmd = mpirun_command(world) + [sys.executable, "-m", "pycomm.bench.worker", rundir]
+        self.processes = Processes()
+
+    def start(self, rundir: str, world: int) -> None:
         # mpirun's own output (and anything the ranks print) goes to stderr, keeping stdout
-        # for the report. A session of its own, so that killing its group spares ours.
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
-                                     env=env, start_new_session=True)
+        # for the report.
+        self.processes.start(mpirun_command(world) + _worker_command(rundir),
+                             stdout=sys.stderr.fileno(), env=_worker_env())
 
     def exited(self, rank: int) -> bool:
-        return self.proc.poll() is not None
+        return self.processes.exit_code(0) is not None
 
     def alive(self, rank: int) -> bool:
         return _pid_alive(self.pids[rank])
 
     def join(self, timeout: float) -> None:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        self.processes.wait(timeout)
 
     def kill(self) -> None:
         for pid in self.pids:
-            _kill(pid, signal.SIGKILL)
-        if self.proc.poll() is None:
+            signal_pid(pid, signal.SIGKILL)
+        if self.processes.running():
             # SIGTERM first: mpirun then kills any rank whose pid never reached us.
-            self.proc.terminate()
-            self.join(5.0)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.join(10.0)
+            signal_pid(self.processes.pid(0), signal.SIGTERM)
+            self.processes.wait(5.0)
+        self.processes.kill()
 
     def story(self, rank: int) -> str:
         if self.alive(rank):
             return "still running, killed"
-        return _code_story(self.proc.poll(), "mpirun exit code")
+        return "mpirun " + self.processes.ending(0)
 
     def clean_exit(self, rank: int) -> bool:
-        return self.proc.poll() == 0
+        return self.processes.exit_code(0) == 0
 
 
 LAUNCHERS = {"spawn": _Spawned, "mpirun": _Mpirun}
@@ -228,7 +200,7 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
     if cfg.init == "file":
         init_method = "file://" + os.path.join(rundir, "rendezvous")
     else:
-        init_method = "tcp://127.0.0.1:%d" % _free_port()
+        init_method = "tcp://127.0.0.1:%d" % free_port()
     with open(os.path.join(rundir, RUN_FILE), "wb") as f:
         pickle.dump((cfg, init_method), f)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -246,15 +218,15 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
     deadline = time.monotonic() + cfg.timeout_s
     fail_at = None
     timed_out = False
-    ranks = None
 
     def failed_now():
         nonlocal fail_at
         if fail_at is None:
             fail_at = time.monotonic()
 
+    ranks = LAUNCHERS[cfg.launcher](pids)
     try:
-        ranks = LAUNCHERS[cfg.launcher](rundir, world, pids)
+        ranks.start(rundir, world)
         all_ok_at = None
         while conns or "starting" in state:
             now = time.monotonic()
@@ -323,11 +295,10 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
         stragglers = [r for r in range(world) if ranks.alive(r)]
         if stragglers:
             for r in stragglers:
-                _kill(pids[r], signal.SIGUSR1)
+                signal_pid(pids[r], signal.SIGUSR1)
             time.sleep(STACK_DUMP_GRACE_S)
     finally:
-        if ranks is not None:
-            ranks.kill()
+        ranks.kill()
         for c in conns:
             c.close()
         server.close()

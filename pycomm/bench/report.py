@@ -270,7 +270,7 @@ def _launcher_text(cfg: Config) -> str:
             ["mpirun"] + mpirun_command(cfg.nranks)[1:])
     if cfg.launcher == "torchrun":
         return "torchrun; rank and size from RANK/WORLD_SIZE"
-    return "local, multiprocessing spawn"
+    return "local, python -m pycomm.bench.worker per rank"
 
 
 def backend_table(results: List[dict], label: str, cfg: Config) -> str:

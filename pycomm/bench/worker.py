@@ -6,9 +6,10 @@ connects back to the parent's socket there; it sends ("hello", (rank, pid)) firs
 after each size, then ("ok", records) or ("err", traceback). Raw times only; statistics
 are the parent's job.
 
-Started by multiprocessing (``rank_main``) or by mpirun (``python -m pycomm.bench.worker
-DIR``, rank and size from Open MPI's environment). Under torchrun every process runs the
-command line itself and calls :func:`run_rank` directly (cli.py), with no parent.
+Started as ``python -m pycomm.bench.worker DIR RANK WORLD`` by the spawn launcher, or as
+``python -m pycomm.bench.worker DIR`` by mpirun (rank and size from Open MPI's
+environment). Under torchrun every process runs the command line itself and calls
+:func:`run_rank` directly (cli.py), with no parent.
 """
 from __future__ import annotations
 
@@ -200,6 +201,9 @@ def _accuracy(p, coll, control, world) -> dict:
 
 
 if __name__ == "__main__":
-    rank_main(sys.argv[1], int(os.environ["OMPI_COMM_WORLD_RANK"]),
-              int(os.environ["OMPI_COMM_WORLD_SIZE"]),
-              int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]))
+    if len(sys.argv) == 4:  # the spawn launcher: every rank is local
+        rank_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[2]))
+    else:
+        rank_main(sys.argv[1], int(os.environ["OMPI_COMM_WORLD_RANK"]),
+                  int(os.environ["OMPI_COMM_WORLD_SIZE"]),
+                  int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]))

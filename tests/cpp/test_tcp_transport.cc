@@ -31,9 +31,11 @@
 #include "core/error.h"
 #include "transport/transport.h"
 #include "memory_store.h"
+#include "test_ranks.h"
 
 using namespace pycomm;
 using pycomm_test::MemoryStore;
+using pycomm_test::test_ranks;
 using std::chrono::milliseconds;
 
 namespace {
@@ -118,15 +120,7 @@ struct Group {
     prefix = "test/" + std::to_string(instance++);
     config.tcp_chunk_bytes = chunk;
     config.pipeline_depth = depth;
-    for (int r = 0; r < n; ++r) {
-      PeerInfo p;
-      p.rank = r;
-      p.pid = static_cast<int>(getpid());
-      p.node = 0;
-      p.hostname = "testhost";
-      p.host_key = "testhost-key";
-      ranks.push_back(p);
-    }
+    ranks = test_ranks(n);
   }
 
   TransportSetup setup(int rank) const {
@@ -755,33 +749,29 @@ void test_setup_errors() {
   }
 }
 
+// The address rank 0 listens on, with PYCOMM_SOCKET_IFNAME=`ifname`, when rank 1 is on
+// another "host"; a frame goes each way over it first.
+std::string listened_on(const std::string& ifname) {
+  Group g(2, 4096, 2);
+  g.ranks[1].host_key = "another-host";
+  g.config.socket_ifname = ifname;
+  run_ranks(2, [&](int r) {
+    auto t = g.connect(r);
+    const Deadline d = Deadline::after(scaled(10000));
+    send_test_frame(*t->channel(1 - r), r, 1 - r, 3, d);
+    CHECK(recv_test_frame(*t->channel(1 - r), 1 - r, r, 3, d));
+  });
+  return g.store->get(g.prefix + "/tcp/addr/0");
+}
+
 // Interface choice: ranks on different "hosts" listen on a real interface (or the named one).
 void test_interfaces() {
-  {
-    Group g(2, 4096, 2);
-    g.ranks[1].host_key = "another-host";
-    run_ranks(2, [&](int r) {
-      auto t = g.connect(r);
-      const Deadline d = Deadline::after(scaled(10000));
-      send_test_frame(*t->channel(1 - r), r, 1 - r, 3, d);
-      CHECK(recv_test_frame(*t->channel(1 - r), 1 - r, r, 3, d));
-    });
-    const std::string addr = g.store->get(g.prefix + "/tcp/addr/0");
-    std::printf("  across hosts, rank 0 listened on %s\n", addr.c_str());
-    CHECK_MSG(addr.rfind("0.0.0.0", 0) != 0, addr);
-  }
+  const std::string addr = listened_on("");
+  std::printf("  across hosts, rank 0 listened on %s\n", addr.c_str());
+  CHECK_MSG(addr.rfind("0.0.0.0", 0) != 0, addr);
   for (const char* loopback : {"lo", "127.0.0.1"}) {  // by name or by address
-    Group g(2, 4096, 2);
-    g.ranks[1].host_key = "another-host";
-    g.config.socket_ifname = loopback;
-    run_ranks(2, [&](int r) {
-      auto t = g.connect(r);
-      const Deadline d = Deadline::after(scaled(10000));
-      send_test_frame(*t->channel(1 - r), r, 1 - r, 3, d);
-      CHECK(recv_test_frame(*t->channel(1 - r), 1 - r, r, 3, d));
-    });
-    const std::string addr = g.store->get(g.prefix + "/tcp/addr/0");
-    CHECK_MSG(addr.rfind("127.0.0.1:", 0) == 0, addr);
+    const std::string named = listened_on(loopback);
+    CHECK_MSG(named.rfind("127.0.0.1:", 0) == 0, named);
   }
   {
     Group g(2, 4096, 2);

@@ -63,12 +63,15 @@
 #include "check.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "transport/transport.h"
 #include "core/types.h"
 #include "memory_store.h"
+#include "test_ranks.h"
+#include "transport/tcp_socket.h"
+#include "transport/transport.h"
 
 using namespace pycomm;
 using pycomm_test::MemoryStore;
+using pycomm_test::test_ranks;
 using std::chrono::milliseconds;
 
 namespace {
@@ -227,44 +230,32 @@ class RawSocket {
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
     inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd_ = tcp::Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     timeval tv{2, 0};  // a send never blocks a case for long
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) close();
+    setsockopt(fd(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (::connect(fd(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) close();
   }
-  RawSocket(RawSocket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  RawSocket& operator=(RawSocket&& o) noexcept {
-    if (this != &o) {
-      close();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~RawSocket() { close(); }
 
-  bool ok() const { return fd_ >= 0; }
-  int fd() const { return fd_; }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
+  bool ok() const { return static_cast<bool>(fd_); }
+  int fd() const { return fd_.get(); }
+  void close() { fd_.reset(); }
   // Closes with a reset instead of an orderly shutdown.
   void reset() {
     linger lg{1, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    setsockopt(fd(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     close();
   }
   // Best effort: false once the other side is gone (it may close on the first bad byte).
   bool send(const std::string& bytes) {
     for (size_t off = 0; off < bytes.size();) {
-      const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      const ssize_t n = ::send(fd(), bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return false;
       off += static_cast<size_t>(n);
     }
     return true;
   }
-  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
+  void shutdown_write() { ::shutdown(fd(), SHUT_WR); }
 
   // Reads exactly `n` bytes within `within`.
   bool read(void* buf, size_t n, milliseconds within) {
@@ -272,7 +263,7 @@ class RawSocket {
     auto* p = static_cast<char*>(buf);
     while (n > 0) {
       if (!readable(until)) return false;
-      const ssize_t got = ::recv(fd_, p, n, 0);
+      const ssize_t got = ::recv(fd(), p, n, 0);
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0) return false;
       p += got;
@@ -286,7 +277,7 @@ class RawSocket {
   Next next(milliseconds within) {
     if (!readable(Clock::now() + within)) return Next::Nothing;
     char c;
-    const ssize_t n = ::recv(fd_, &c, 1, MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd(), &c, 1, MSG_DONTWAIT);
     if (n > 0) return Next::Data;
     return n == 0 || errno == ECONNRESET || errno == EPIPE ? Next::Closed : Next::Nothing;
   }
@@ -295,14 +286,14 @@ class RawSocket {
   bool readable(Clock::time_point until) {
     for (;;) {
       const auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now()).count();
-      pollfd p{fd_, POLLIN, 0};
+      pollfd p{fd(), POLLIN, 0};
       const int n = ::poll(&p, 1, static_cast<int>(std::max<long long>(left, 0)));
       if (n < 0 && errno == EINTR) continue;
       return n > 0;
     }
   }
 
-  int fd_ = -1;
+  tcp::Fd fd_;
 };
 
 // A fake rank's listening socket on loopback.
@@ -345,14 +336,7 @@ struct Group {
     prefix = "fuzz/" + std::to_string(instance++);
     config.tcp_chunk_bytes = kChunk;
     config.pipeline_depth = kDepth;
-    for (int r = 0; r < size; ++r) {
-      PeerInfo p;
-      p.rank = r;
-      p.pid = static_cast<int>(getpid());
-      p.hostname = "testhost";
-      p.host_key = "testhost-key";
-      ranks.push_back(p);
-    }
+    ranks = test_ranks(size);
   }
 
   std::unique_ptr<Transport> connect(int rank, std::vector<int> peers, milliseconds setup) const {
