@@ -41,10 +41,18 @@ void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, 
   const bool everyones = chunks.seg.parts == 1;
   const auto* in = static_cast<const char*>(rq.input);
   size_t first, len;
-  for (int k = 1; k < n; ++k) {  // rank r+1 first: peers are not all served in the same order
-    const int s = mod(r + k, n);
-    chunks.piece(everyones ? 0 : s, c, first, len);
-    if (len) send_frame(cx, s, wire.bytes(len), [&](void* slot) { wire.put(cx, slot, in + first * wire.es, len); });
+  if (everyones && wire.coded() && n > 2) {  // the same encoding to every peer: encode it once
+    chunks.piece(0, c, first, len);
+    char* const sent = cx.workspace->get(Scratch::Sent, wire.bytes(len));
+    wire.put(cx, sent, in + first * wire.es, len);
+    for (int k = 1; k < n && len; ++k)
+      send_frame(cx, mod(r + k, n), wire.bytes(len), [&](void* slot) { cx.ops->copy(slot, sent, wire.bytes(len)); });
+  } else {
+    for (int k = 1; k < n; ++k) {  // rank r+1 first: peers are not all served in the same order
+      const int s = mod(r + k, n);
+      chunks.piece(everyones ? 0 : s, c, first, len);
+      if (len) send_frame(cx, s, wire.bytes(len), [&](void* slot) { wire.put(cx, slot, in + first * wire.es, len); });
+    }
   }
   chunks.piece(everyones ? 0 : r, c, first, len);
   if (!len) return;

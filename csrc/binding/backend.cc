@@ -87,7 +87,7 @@ Communicator::Choices PycommWork::choices() const {
 
 void PycommWork::set_choices(Communicator::Choices c) {
   std::lock_guard<std::mutex> lock(choices_mutex_);
-  choices_ = std::move(c);
+  choices_ = c;
 }
 
 int PycommWork::sourceRank() const {
@@ -257,7 +257,7 @@ std::optional<Communicator::Choices> ProcessGroupPycomm::run(Launch& l) {
   if (l.ready) l.ready->synchronize();
   std::optional<Communicator::Choices> first;
   for (const Request& rq : l.requests) {
-    const Plan plan = comm_->execute(rq);
+    const Plan plan = comm_->execute(rq, first || !l.first_plan ? nullptr : &*l.first_plan);
     if (!first) first = Communicator::choices(rq, plan);
   }
   for (auto& copy_back : l.after) copy_back();
@@ -276,7 +276,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   validate(l, title);
   const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
-  if (!l.requests.empty()) work->set_choices(comm_->choices(l.requests.front()));
+  if (!l.requests.empty()) {
+    l.first_plan = comm_->plan_before_running(l.requests.front());
+    work->set_choices(Communicator::choices(l.requests.front(), *l.first_plan));
+  }
   for (Request& rq : l.requests)
     if (rq.collective == Collective::Recv && rq.root == kAnySource) rq.source = &work->source;
   auto job = std::make_shared<Launch>(std::move(l));

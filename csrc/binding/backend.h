@@ -66,6 +66,7 @@ struct Launch {
   std::vector<at::Tensor> result;             // the Work's result and future value
   at::Device device = at::kCPU;               // of every tensor in `keep` (validate())
   std::shared_ptr<c10::Event> ready;          // CUDA: the inputs are complete
+  std::optional<Plan> first_plan;             // of requests[0], where made when issued
 
   at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
   at::Tensor out(const at::Tensor& t);        // dense writable view, copied back if strided

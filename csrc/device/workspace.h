@@ -20,7 +20,7 @@ namespace pycomm {
 enum class Scratch {
   Partials,  // hierarchical: fp32 partial sums of this rank's shard
   Own,       // compressed: this rank's encoded piece
-  Held,      // compressed ring: the encoded piece being forwarded
+  Sent,      // compressed one-shot: this rank's contribution, encoded once for every peer
   Results,   // compressed tree: each half's encoded result piece
   kCount
 };

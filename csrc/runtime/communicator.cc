@@ -157,8 +157,8 @@ Communicator::Choices Communicator::choices(const Request& rq, const Plan& plan)
   return {name_of(plan.variant), name_of(rq.options.compression), name_of(rq.options.determinism)};
 }
 
-Communicator::Choices Communicator::choices(const Request& rq) const {
-  return choices(rq, plan(rq, rq.device >= 0 ? device_team_bytes(rq.device) : 0));
+Plan Communicator::plan_before_running(const Request& rq) const {
+  return plan(rq, rq.device >= 0 ? device_team_bytes(rq.device) : 0);
 }
 
 std::string Communicator::operation_line(const OpStamp& stamp) const {
@@ -240,7 +240,7 @@ void Communicator::fail_if_poisoned(const std::string& operation) {
                                      "' not started: the group failed earlier: " + poison_);
 }
 
-Plan Communicator::execute(const Request& rq) {
+Plan Communicator::execute(const Request& rq, const Plan* planned) {
   // A recv named for a peer owns that peer's receive side for its whole run (see
   // await_sender); taken before the stamp numbers it.
   std::unique_lock<std::mutex> receiving;
@@ -266,7 +266,8 @@ Plan Communicator::execute(const Request& rq) {
     cx.workspace = &d->workspace;
     cx.device_team = d->team.get();
   }
-  const Plan plan = this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
+  const Plan plan = planned && rq.device < 0 ? *planned
+                                             : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
   cx.stamp = stamp_for(rq, plan);
   fail_if_poisoned(describe(cx.stamp));
   const uint64_t bytes = operation_bytes(rq, size_);

@@ -42,10 +42,12 @@ class Communicator {
   // is sent. Fills in defaults from the group's configuration.
   void validate(Request& rq) const;
 
-  // Runs `rq` to completion and returns the plan it ran. A failure poisons the
-  // communicator: the peers are told (abort) and every later call fails at once with the
-  // original cause.
-  Plan execute(const Request& rq);
+  // Runs `rq` to completion and returns the plan it ran. `planned`: the plan made for
+  // `rq` when it was issued, which host memory's requests run as is (only a device's
+  // team, set up by its first collective, can change a plan in between); null: planned
+  // here. A failure poisons the communicator: the peers are told (abort) and every later
+  // call fails at once with the original cause.
+  Plan execute(const Request& rq, const Plan* planned = nullptr);
 
   // Fails every current and future wait with `reason`; safe from any thread. Returns
   // true for the call that poisoned the group (the first).
@@ -63,13 +65,16 @@ class Communicator {
   size_t device_team_bytes(int device) const;
 
   // What runs a validated request: the plan's variant (its label), the compression and
-  // the determinism level, by name. Identical on every rank. Without a plan, the plan as
-  // far as it is known before the request runs (its device team may not exist yet).
+  // the determinism level, by name (static strings of the enums' tables). Identical on
+  // every rank.
   struct Choices {
-    std::string algorithm, compression, determinism;
+    const char* algorithm = "";
+    const char* compression = "";
+    const char* determinism = "";
   };
   static Choices choices(const Request& rq, const Plan& plan);
-  Choices choices(const Request& rq) const;
+  // The plan as far as it is known before `rq` runs (its device team may not exist yet).
+  Plan plan_before_running(const Request& rq) const;
 
   // The group's counters and flight recorder as JSON (see recorder.h); any thread.
   std::string stats_json() const;
