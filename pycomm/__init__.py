@@ -94,14 +94,10 @@ def _options(algorithm, compression, deterministic):
     return (algorithm or "", compression or "", det)
 
 
-def _finish(work, async_op):
-    # A blocking call that ran at once comes back as None (done, or it raised).
-    if async_op:
-        return work
-    if work is not None:
-        work.wait()
-    return None
-
+# The direct API. Each call is one call into _C, which runs it on the group's pycomm
+# backend (small blocking calls on this thread, without a Work) and returns None when
+# blocking, the Work when not; or NotImplemented where the group's backend for the
+# tensors' device is another one, which then moves the bytes of pycomm's layered path.
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compression=None,
                deterministic=None, async_op=False):
@@ -109,40 +105,35 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
     ``algorithm`` (auto|ring|...), ``compression`` (none|fp16|...), ``deterministic``
     (False|True|"exact"); None takes the group's setting from the environment."""
     group = _group_of(group)
-    backend = _pycomm_backend(group, tensor.device)
-    if backend is None:
+    work = _C.all_reduce(group, tensor, op, algorithm, compression, deterministic, async_op)
+    if work is NotImplemented:
         _layered_options(algorithm)
         return layered.all_reduce(tensor, op, group, *_options(None, compression, deterministic)[1:], async_op)
-    work = backend._all_reduce(tensor, op, *_options(algorithm, compression, deterministic), not async_op)
-    return _finish(work, async_op)
+    return work
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorithm=None,
                           compression=None, deterministic=None, async_op=False):
     """Like ``dist.reduce_scatter_tensor``, with the per-call options of :func:`all_reduce`."""
     group = _group_of(group)
-    backend = _pycomm_backend(group, input.device)
-    if backend is None:
+    work = _C.reduce_scatter_tensor(group, output, input, op, algorithm, compression, deterministic, async_op)
+    if work is NotImplemented:
         _layered_options(algorithm)
         return layered.reduce_scatter_tensor(output, input, op, group, *_options(None, compression, deterministic)[1:],
                                              async_op)
-    work = backend._reduce_scatter_tensor(output, input, op, *_options(algorithm, compression, deterministic),
-                                          not async_op)
-    return _finish(work, async_op)
+    return work
 
 
 def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compression=None,
                            deterministic=None, async_op=False):
     """Like ``dist.all_gather_into_tensor``, with the per-call options of :func:`all_reduce`."""
     group = _group_of(group)
-    backend = _pycomm_backend(group, input.device)
-    if backend is None:
+    work = _C.all_gather_into_tensor(group, output, input, algorithm, compression, deterministic, async_op)
+    if work is NotImplemented:
         _layered_options(algorithm)
         return layered.all_gather_into_tensor(output, input, group, *_options(None, compression, deterministic)[1:],
                                               async_op)
-    work = backend._all_gather_into_tensor(output, input, *_options(algorithm, compression, deterministic),
-                                           not async_op)
-    return _finish(work, async_op)
+    return work
 
 
 # ---- observability ----

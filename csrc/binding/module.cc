@@ -9,14 +9,61 @@
 #include "binding/layered.h"
 #include "binding/tables.h"
 #include "runtime/device_runtime.h"
+#include "runtime/plan.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"
 #endif
 
 namespace py = pybind11;
 
+namespace {
+
+using pycomm::CallOptions;
+using pycomm::Collective;
+using pycomm::ProcessGroupPycomm;
+
+// A per-call option as call_options() takes it: "" where None (the group's setting).
+std::string option_text(const py::handle& o) {
+  if (o.is_none()) return {};
+  if (PyBool_Check(o.ptr())) return o.ptr() == Py_True ? "1" : "0";  // deterministic=True/False
+  return py::str(o);
+}
+
+// The reduction a direct call names: a ReduceOp.RedOpType (ReduceOp.SUM and the like, read
+// as it is: pybind11's implicit conversion would build a ReduceOp object per call) or a
+// ReduceOp.
+c10d::ReduceOp reduce_op(const py::handle& op) {
+  if (py::isinstance<c10d::ReduceOp::RedOpType>(op)) return c10d::ReduceOp(op.cast<c10d::ReduceOp::RedOpType>());
+  return op.cast<c10d::ReduceOp>();
+}
+
+// The direct API (pycomm.all_reduce and the like): one call from Python per operation.
+// NotImplemented where `group`'s backend for `device` is not pycomm's (the caller then
+// runs pycomm's layered path over that backend). A blocking call returns None once done
+// (or raises); an asynchronous one its Work.
+template <class Run>
+py::object direct_call(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const at::Device& device, Collective c,
+                       const py::handle& algorithm, const py::handle& compression, const py::handle& deterministic,
+                       bool async_op, Run run) {
+  auto* pg = dynamic_cast<ProcessGroupPycomm*>(group->getBackend(device.type()).get());
+  if (!pg) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  const CallOptions options =
+      pg->call_options(c, option_text(algorithm), option_text(compression), option_text(deterministic));
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    py::gil_scoped_release released;
+    work = run(*pg, options, !async_op);
+    if (work && !async_op) {
+      work->wait();
+      work.reset();
+    }
+  }
+  return work ? py::cast(work) : py::none();
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
-  using pycomm::ProcessGroupPycomm;
   m.doc() = "pycomm: collective communication backend for torch.distributed";
 #if defined(PYCOMM_WITH_CUDA)
   pycomm::register_device_runtime(&pycomm::cuda_runtime());
@@ -30,24 +77,6 @@ PYBIND11_MODULE(_C, m) {
                  store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), group_name);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("group_name"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("_all_reduce",
-           [](ProcessGroupPycomm& pg, at::Tensor& t, const c10d::ReduceOp& op, const std::string& a,
-              const std::string& c, const std::string& d, bool blocking) {
-             return pg.all_reduce_with(t, op, pg.call_options(pycomm::Collective::AllReduce, a, c, d), blocking);
-           },
-           py::call_guard<py::gil_scoped_release>())
-      .def("_reduce_scatter_tensor",
-           [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const c10d::ReduceOp& op, const std::string& a,
-              const std::string& c, const std::string& d, bool blocking) {
-             return pg.reduce_scatter_with(out, in, op, pg.call_options(pycomm::Collective::ReduceScatter, a, c, d), blocking);
-           },
-           py::call_guard<py::gil_scoped_release>())
-      .def("_all_gather_into_tensor",
-           [](ProcessGroupPycomm& pg, at::Tensor& out, at::Tensor& in, const std::string& a, const std::string& c,
-              const std::string& d, bool blocking) {
-             return pg.all_gather_with(out, in, pg.call_options(pycomm::Collective::AllGather, a, c, d), blocking);
-           },
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports)
       .def("_stats_json", &ProcessGroupPycomm::stats_json)
@@ -68,6 +97,29 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("compression", [](const pycomm::PycommWork& w) { return w.choices().compression; })
       .def_property_readonly("determinism", [](const pycomm::PycommWork& w) { return w.choices().determinism; });
 
+  m.def("all_reduce", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& t, const py::handle& op,
+                         const py::handle& a, const py::handle& c, const py::handle& d, bool async_op) {
+    return direct_call(group, t.device(), Collective::AllReduce, a, c, d, async_op,
+                       [&, op = reduce_op(op)](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
+                         return pg.all_reduce_with(t, op, o, blocking);
+                       });
+  });
+  m.def("reduce_scatter_tensor", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out, at::Tensor& in,
+                                    const py::handle& op, const py::handle& a, const py::handle& c,
+                                    const py::handle& d, bool async_op) {
+    return direct_call(group, in.device(), Collective::ReduceScatter, a, c, d, async_op,
+                       [&, op = reduce_op(op)](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
+                         return pg.reduce_scatter_with(out, in, op, o, blocking);
+                       });
+  });
+  m.def("all_gather_into_tensor", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out,
+                                     at::Tensor& in, const py::handle& a, const py::handle& c, const py::handle& d,
+                                     bool async_op) {
+    return direct_call(group, in.device(), Collective::AllGather, a, c, d, async_op,
+                       [&](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
+                         return pg.all_gather_with(out, in, o, blocking);
+                       });
+  });
   m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"),
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
@@ -123,4 +175,43 @@ PYBIND11_MODULE(_C, m) {
     });
   }, py::arg("collective"), py::arg("dtype"), py::arg("codec"),
   "The codec a call of `collective` on `dtype` runs with when `codec` is asked for ('none' where it saves nothing).");
+  m.def("plan", [](const std::string& collective, size_t bytes, int world, int ranks_per_node,
+                   std::pair<double, double> intra, std::pair<double, double> inter, at::ScalarType dtype,
+                   const std::string& algorithm, const std::string& compression, const std::string& determinism,
+                   size_t chunk_bytes) {
+    return pycomm::guard([&] {
+      using namespace pycomm;
+      TORCH_CHECK_VALUE(world >= 1 && ranks_per_node >= 1, "pycomm.plan: world and ranks_per_node must be positive");
+      const Config defaults = Config::from_env();
+      std::vector<int> node_of(world);
+      for (int r = 0; r < world; ++r) node_of[r] = r / ranks_per_node;
+      const Topology topology = Topology::from_node_of(node_of);
+      PlanInput in;
+      in.collective = parse<Collective>(collective);
+      in.dtype = to_core(dtype);
+      in.bytes = bytes;
+      in.options.algorithm = parse<Algorithm>(algorithm);
+      in.options.compression = applied_compression(in.collective, in.dtype, parse<Compression>(compression));
+      in.options.compression_block = defaults.compression_block;
+      in.options.determinism = parse<Determinism>(determinism);
+      in.topology = &topology;
+      in.chunk_bytes = chunk_bytes ? chunk_bytes
+                                   : world > ranks_per_node ? std::min(defaults.shm_chunk_bytes, defaults.tcp_chunk_bytes)
+                                                            : defaults.shm_chunk_bytes;
+      in.costs.intra = {intra.first, intra.second};
+      in.costs.inter = {inter.first, inter.second};
+      const Plan plan = make_plan(in);
+      py::dict d;
+      d["algorithm"] = name_of(plan.algorithm);
+      d["variant"] = name_of(plan.variant);
+      d["predicted_us"] = plan.predicted_us;
+      d["fallback"] = plan.fallback;
+      return d;
+    });
+  }, py::arg("collective"), py::arg("bytes"), py::kw_only(), py::arg("world"), py::arg("ranks_per_node"),
+  py::arg("intra"), py::arg("inter"), py::arg("dtype") = at::kFloat, py::arg("algorithm") = "auto",
+  py::arg("compression") = "none", py::arg("determinism") = "0", py::arg("chunk_bytes") = 0,
+  "The plan pycomm would make for a call (its cost model, csrc/runtime/plan.cc), on world ranks in nodes of "
+  "ranks_per_node, with link costs (latency_us, bytes_per_us) within (intra) and between (inter) nodes: "
+  "{algorithm, variant, predicted_us, fallback}. chunk_bytes 0: the frame size a group would use.");
 }

@@ -21,14 +21,20 @@ class TorchStore final : public Store {
     return std::string(v.begin(), v.end());
   }
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
-  bool wait(const std::string& key, std::chrono::milliseconds timeout) override {
+  bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     try {
-      store_->wait({key}, std::max(timeout, std::chrono::milliseconds(1)));
+      store_->wait(keys, std::max(timeout, std::chrono::milliseconds(1)));
       return true;
     } catch (const c10::Error&) {  // DistStoreError on timeout
-      return store_->check({key});
+      return store_->check(keys);
     }
   }
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override {
+    std::vector<std::string> values;
+    for (const auto& v : store_->multiGet(keys)) values.emplace_back(v.begin(), v.end());
+    return values;
+  }
+  bool check(const std::string& key) override { return store_->check({key}); }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -32,20 +32,15 @@ bool spin_until(const std::function<bool()>& ready, const SpinPolicy& policy) {
 
 std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
                                             int size, const std::string& mine, const Deadline& deadline) {
-  store.set(prefix + "/" + std::to_string(rank), mine);
-  std::vector<std::string> all(size);
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      all[r] = mine;
-      continue;
-    }
-    const std::string key = prefix + "/" + std::to_string(r);
-    if (!store.wait(key, deadline.remaining()))
-      fail(ErrorKind::Timeout, "pycomm: timed out creating a group: rank " + std::to_string(r) +
-                                   " did not join (rank " + std::to_string(rank) + " waited for it)");
-    all[r] = store.get(key);
-  }
-  return all;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
+  store.set(keys[rank], mine);
+  if (!store.wait(keys, deadline.remaining()))
+    for (int r = 0; r < size; ++r)
+      if (!store.check(keys[r]))
+        fail(ErrorKind::Timeout, "pycomm: timed out creating a group: rank " + std::to_string(r) +
+                                     " did not join (rank " + std::to_string(rank) + " waited for it)");
+  return store.multi_get(keys);
 }
 
 }  // namespace pycomm

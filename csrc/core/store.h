@@ -17,14 +17,21 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Blocks until `key` exists (up to the store's own timeout), then returns its value.
   virtual std::string get(const std::string& key) = 0;
-  // Blocks until `key` exists or `timeout` passes; false on timeout.
-  virtual bool wait(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Blocks until every one of `keys` exists or `timeout` passes; false on timeout.
+  virtual bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // The values of `keys`, which must exist (wait first). Like wait(), one request to the
+  // store whatever the number of keys, where the store allows it: group creation costs
+  // each rank the same few round trips whatever the world size.
+  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
+  // Whether `key` exists now, without waiting.
+  virtual bool check(const std::string& key) = 0;
   // Atomically adds `delta` to the integer at `key` (created as 0) and returns the result.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
 
-// Publishes `mine` under `prefix` for `rank` and returns every rank's value, in rank order.
-// A rank that has not published by `deadline` is a Timeout error naming it.
+// Publishes `mine` under `prefix` for `rank` and returns every rank's value, in rank order,
+// in three requests to the store. A rank that has not published by `deadline` is a Timeout
+// error naming it.
 std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
                                             int size, const std::string& mine, const Deadline& deadline);
 

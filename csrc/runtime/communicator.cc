@@ -68,7 +68,17 @@ Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
   in.costs = costs_;
   in.device_memory = rq.device >= 0;
   in.device_team_bytes = device_team_bytes;
-  return make_plan(in);
+  // The rest of the input (topology, chunk, costs) is fixed for the group's life.
+  const auto same = [&](const PlanInput& a) {
+    const CallOptions &o = a.options, &p = in.options;
+    return a.collective == in.collective && a.dtype == in.dtype && a.bytes == in.bytes &&
+           o.algorithm == p.algorithm && o.compression == p.compression &&
+           o.compression_block == p.compression_block && o.determinism == p.determinism &&
+           a.device_memory == in.device_memory && a.device_team_bytes == in.device_team_bytes;
+  };
+  std::lock_guard<std::mutex> lock(plan_memo_mutex_);
+  if (!plan_memo_ || !same(plan_memo_->in)) plan_memo_ = PlanMemo{in, make_plan(in)};
+  return plan_memo_->plan;
 }
 
 std::string Communicator::describe_transports() const {
@@ -233,7 +243,7 @@ void Communicator::receive_from_any(Context& cx, const Request& rq) {
   if (rq.source) *rq.source = matched.root;
 }
 
-void Communicator::fail_if_poisoned(const std::string& operation) {
+void Communicator::fail_poisoned(const std::string& operation) {
   std::lock_guard<std::mutex> lock(poison_mutex_);
   if (!poison_.empty())
     fail(ErrorKind::PeerFailure, "pycomm: " + operation + " on group '" + group_name_ +
@@ -249,7 +259,7 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
   Context cx = context();
   if (rq.device >= 0) {
     // The plan depends on the device's team, which the first operation on the device sets up.
-    fail_if_poisoned(name_of(rq.collective));
+    if (poisoned()) fail_poisoned(name_of(rq.collective));
     DevicePath* d = nullptr;
     try {
       d = &device_path(rq.device);
@@ -269,13 +279,13 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
   const Plan plan = planned && rq.device < 0 ? *planned
                                              : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
   cx.stamp = stamp_for(rq, plan);
-  fail_if_poisoned(describe(cx.stamp));
+  if (poisoned()) fail_poisoned(describe(cx.stamp));
   const uint64_t bytes = operation_bytes(rq, size_);
-  const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device);
+  const auto started = Clock::now();
+  const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device, started);
   if (config_.log_level >= LogLevel::Trace)
     log_line(operation_line(cx.stamp) + ": rank " + std::to_string(rank_) + " starts");
-  const auto started = std::chrono::steady_clock::now();
-  cx.deadline = Deadline::after(rq.timeout.count() > 0 ? rq.timeout : timeout_);
+  cx.deadline = Deadline{started + (rq.timeout.count() > 0 ? rq.timeout : timeout_)};
   try {
     if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
     if (rq.collective == Collective::Recv && rq.root == kAnySource) receive_from_any(cx, rq);
@@ -298,8 +308,7 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
     }
     throw Error(e.kind(), what);
   }
-  recorder_.end(record);
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - started).count();
+  const double us = recorder_.end(record);
   if (config_.log_level >= LogLevel::Trace || (config_.log_level >= LogLevel::Info && rank_ == 0)) {
     std::ostringstream line;
     line << operation_line(cx.stamp) << ": ";
@@ -322,6 +331,7 @@ bool Communicator::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(poison_mutex_);
     if (poison_.empty()) {
       poison_ = reason;
+      poisoned_.store(true, std::memory_order_release);
       first = true;
     }
   }

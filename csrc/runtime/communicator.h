@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -91,8 +92,10 @@ class Communicator {
   void calibrate(Store& store, const std::string& prefix);  // link_costs.cc
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Plan& plan);
-  // Fails (PeerFailure, naming `operation`) once the group has failed.
-  void fail_if_poisoned(const std::string& operation);
+  // Once the group has failed (poisoned(): a load, so that a call in good health builds
+  // no description), fail_poisoned fails with PeerFailure, naming `operation`.
+  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  void fail_poisoned(const std::string& operation);
   // A recv from kAnySource: waits for the first peer whose next frame is a send with the
   // recv's tag, returns it with `held` locking its receive side; Timeout at the deadline,
   // a peer's failure once every peer has failed or left.
@@ -145,6 +148,14 @@ class Communicator {
   std::map<int, std::unique_ptr<DevicePath>> devices_;
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_
+  std::atomic<bool> poisoned_{false};             // poison_ is set
+  // The last plan made and what it was made from: a loop of like calls plans once.
+  struct PlanMemo {
+    PlanInput in;
+    Plan plan;
+  };
+  mutable std::mutex plan_memo_mutex_;
+  mutable std::optional<PlanMemo> plan_memo_;      // guarded by plan_memo_mutex_
 };
 
 }  // namespace pycomm

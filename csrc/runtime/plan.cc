@@ -259,8 +259,8 @@ bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why) 
   for (const Row& row : rows()) {
     if (row.collective != in.collective || row.family != a) continue;
     known = true;
-    std::string reason;
-    if (row.applies(in, &reason)) {
+    std::string reason;  // built only for a caller that asks why
+    if (row.applies(in, why ? &reason : nullptr)) {
       if (out) *out = plan_of(row, in);
       return true;
     }

@@ -72,13 +72,13 @@ int64_t unix_us_now() {
 
 }  // namespace
 
-uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device) {
+uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device, std::chrono::steady_clock::time_point start) {
   OpRecord r;
   r.stamp = stamp;
   r.bytes = bytes;
   r.device = device;
   r.start_unix_us = unix_us_now();
-  r.start = std::chrono::steady_clock::now();
+  r.start = start;
   std::lock_guard<std::mutex> lock(mutex_);
   r.id = ++next_id_;
   if (capacity_) {
@@ -89,16 +89,16 @@ uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device) {
   return next_id_;
 }
 
-void Recorder::end(uint64_t id, const std::string& error) {
+double Recorder::end(uint64_t id, const std::string& error) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = running_.find(id);
-  if (it == running_.end()) return;
+  if (it == running_.end()) return 0;
   OpRecord& r = it->second;
   r.state = error.empty() ? OpState::Completed : OpState::Failed;
   r.duration_us = std::chrono::duration<double, std::micro>(now - r.start).count();
   r.error = error;
-  OpTotals& t = totals_[{r.stamp.collective, name_of(static_cast<Variant>(r.stamp.variant))}];
+  OpTotals& t = totals_[{r.stamp.collective, r.stamp.variant}];
   ++t.calls;
   t.failures += error.empty() ? 0 : 1;
   t.bytes += r.bytes;
@@ -106,8 +106,10 @@ void Recorder::end(uint64_t id, const std::string& error) {
   // Usually the newest entry; concurrent p2p lanes may have begun others since.
   for (auto e = recent_.rbegin(); e != recent_.rend() && e->id >= id; ++e)
     if (e->id == id) *e = r;
+  const double us = r.duration_us;
   last_ = std::move(r);
   running_.erase(it);
+  return us;
 }
 
 std::string Recorder::stats_json(const Who& who) const {
@@ -125,7 +127,7 @@ std::string Recorder::stats_json(const Who& who) const {
     } else {
       os << ", ";
     }
-    os << '"' << key.second << "\": {\"calls\": " << t.calls << ", \"failures\": " << t.failures
+    os << '"' << name_of(static_cast<Variant>(key.second)) << "\": {\"calls\": " << t.calls << ", \"failures\": " << t.failures
        << ", \"bytes\": " << t.bytes << ", \"time_s\": " << t.seconds << '}';
   }
   os << (open_collective < 0 ? "" : "}") << "}, \"last\": ";

@@ -43,9 +43,11 @@ class Recorder {
   // Keeps the last `capacity` operations (0: none; counters are always kept).
   explicit Recorder(size_t capacity) : capacity_(capacity) {}
 
-  uint64_t begin(const OpStamp& stamp, uint64_t bytes, int device);
-  // Ends operation `id`: completed when `error` is empty, else failed.
-  void end(uint64_t id, const std::string& error = {});
+  // Begins an operation that started at `start` (now, on the steady clock).
+  uint64_t begin(const OpStamp& stamp, uint64_t bytes, int device, std::chrono::steady_clock::time_point start);
+  // Ends operation `id`: completed when `error` is empty, else failed. Returns how long it
+  // ran, in microseconds.
+  double end(uint64_t id, const std::string& error = {});
 
   // JSON texts (UTF-8 objects). `who` names the group and rank: {"group", "rank", "size"}.
   struct Who {
@@ -66,7 +68,7 @@ class Recorder {
   std::deque<OpRecord> recent_;            // the last capacity_ operations begun
   std::map<uint64_t, OpRecord> running_;   // by id: begun, not ended
   OpRecord last_;                          // the last operation ended (id 0: none yet)
-  std::map<std::pair<int, std::string>, OpTotals> totals_;  // by (collective, algorithm)
+  std::map<std::pair<uint8_t, uint8_t>, OpTotals> totals_;  // by (collective, variant) of the stamp
 };
 
 // Writes `text` to `path` (through a temporary file in its directory, then renamed, so a

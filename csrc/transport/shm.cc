@@ -275,19 +275,33 @@ class ShmTransport final : public Transport {
     remove_orphaned_segments();
     create_own_segment(s.rank);
     const auto key = [&](const char* what, int rank) { return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank); };
+    // Every peer's value of `what`, in s.peers order: one wait and one read of the store.
+    const auto from_peers = [&](const char* what) {
+      std::vector<std::string> keys;
+      for (int p : s.peers) keys.push_back(key(what, p));
+      if (!s.store->wait(keys, s.deadline.remaining()))
+        for (size_t i = 0; i < keys.size(); ++i)
+          if (!s.store->check(keys[i]))
+            fail(ErrorKind::Timeout, "pycomm: shared-memory set-up timed out waiting for " +
+                                         s.ranks[s.peers[i]].describe() + " (its '" + what + "')");
+      return s.store->multi_get(keys);
+    };
     s.store->set(key("name", s.rank), own_.name);
     if (arena_) s.store->set(key("arena", s.rank), arena_->allocate(layout_.arena_bytes()));
+    const std::vector<std::string> names = from_peers("name");
+    const std::vector<std::string> arenas = arena_ ? from_peers("arena") : std::vector<std::string>();
     std::map<int, char*> peer_arenas;
-    for (int p : s.peers) {
+    for (size_t i = 0; i < s.peers.size(); ++i) {
+      const int p = s.peers[i];
       auto m = std::make_unique<Mapping>();
-      open_peer_segment(*m, s.store->get(key("name", p)), p);
+      open_peer_segment(*m, names[i], p);
       peers_.emplace(p, std::move(m));
-      if (arena_) peer_arenas[p] = arena_->map(s.store->get(key("arena", p)), p);
+      if (arena_) peer_arenas[p] = arena_->map(arenas[i], p);
     }
     // Everyone has mapped everything it needs once all "mapped" keys exist: then the names
     // can go, and a crash from here on leaves nothing behind.
-    s.store->set(s.key_prefix + "/shm/mapped/" + std::to_string(s.rank), "1");
-    for (int p : s.peers) s.store->get(s.key_prefix + "/shm/mapped/" + std::to_string(p));
+    s.store->set(key("mapped", s.rank), "1");
+    from_peers("mapped");
     shm_unlink(own_.name.c_str());
     own_.name.clear();
     channels_.resize(s.size);

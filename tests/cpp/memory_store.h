@@ -3,11 +3,13 @@
 // store's timeout passes (then throws a Timeout error naming the key), like c10d stores.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/store.h"
@@ -20,6 +22,7 @@ class MemoryStore final : public pycomm::Store {
       : timeout_(timeout) {}
 
   void set(const std::string& key, const std::string& value) override {
+    ++requests_;
     {
       std::lock_guard<std::mutex> lk(mu_);
       values_[key] = value;
@@ -28,6 +31,7 @@ class MemoryStore final : public pycomm::Store {
   }
 
   std::string get(const std::string& key) override {
+    ++requests_;
     std::unique_lock<std::mutex> lk(mu_);
     if (!cv_.wait_for(lk, timeout_, [&] { return values_.count(key) != 0; }))
       pycomm::fail(pycomm::ErrorKind::Timeout, "MemoryStore: timed out waiting for key '" + key + "'");
@@ -35,6 +39,7 @@ class MemoryStore final : public pycomm::Store {
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
+    ++requests_;
     int64_t v;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -46,17 +51,39 @@ class MemoryStore final : public pycomm::Store {
     return v;
   }
 
-  bool wait(const std::string& key, std::chrono::milliseconds timeout) override {
+  bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    ++requests_;
     std::unique_lock<std::mutex> lk(mu_);
-    return cv_.wait_for(lk, timeout, [&] { return values_.count(key) != 0; });
+    return cv_.wait_for(lk, timeout, [&] {
+      for (const auto& k : keys)
+        if (!values_.count(k)) return false;
+      return true;
+    });
   }
 
-  bool contains(const std::string& key) {
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override {
+    ++requests_;
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<std::string> values;
+    for (const auto& k : keys) {
+      const auto it = values_.find(k);
+      if (it == values_.end()) pycomm::fail(pycomm::ErrorKind::Timeout, "MemoryStore: no key '" + k + "'");
+      values.push_back(it->second);
+    }
+    return values;
+  }
+
+  bool check(const std::string& key) override {
+    ++requests_;
     std::lock_guard<std::mutex> lk(mu_);
     return values_.count(key) != 0;
   }
 
+  // Requests made so far (each call is one round trip to a networked store).
+  int64_t requests() const { return requests_.load(); }
+
  private:
+  std::atomic<int64_t> requests_{0};
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -27,10 +27,10 @@ static void test_counters_and_last() {
   Recorder r(8);
   const Recorder::Who who{"g", 1, 4};
   CHECK(has(r.stats_json(who), "\"collectives\": {}, \"last\": null"), "empty: %s", r.stats_json(who).c_str());
-  r.end(r.begin(stamp(Collective::AllReduce, 1, Variant::Ring), 4000, -1));
-  r.end(r.begin(stamp(Collective::AllReduce, 2, Variant::Ring), 4000, -1));
-  r.end(r.begin(stamp(Collective::AllReduce, 3, Variant::Tree), 4000, -1), "boom");
-  r.end(r.begin(stamp(Collective::Broadcast, 4, Variant::Chain), 40, 0));
+  r.end(r.begin(stamp(Collective::AllReduce, 1, Variant::Ring), 4000, -1, std::chrono::steady_clock::now()));
+  r.end(r.begin(stamp(Collective::AllReduce, 2, Variant::Ring), 4000, -1, std::chrono::steady_clock::now()));
+  r.end(r.begin(stamp(Collective::AllReduce, 3, Variant::Tree), 4000, -1, std::chrono::steady_clock::now()), "boom");
+  r.end(r.begin(stamp(Collective::Broadcast, 4, Variant::Chain), 40, 0, std::chrono::steady_clock::now()));
   const std::string s = r.stats_json(who);
   CHECK(has(s, "\"group\": \"g\", \"rank\": 1, \"size\": 4"), "%s", s.c_str());
   CHECK(has(s, "\"allreduce\": {\"ring\": {\"calls\": 2, \"failures\": 0, \"bytes\": 8000, "), "%s", s.c_str());
@@ -43,9 +43,9 @@ static void test_counters_and_last() {
 
 static void test_flight_recorder_keeps_the_last_and_the_running() {
   Recorder r(3);
-  for (uint64_t i = 1; i <= 5; ++i) r.end(r.begin(stamp(Collective::AllReduce, i, Variant::Ring), 4, -1));
-  const uint64_t send = r.begin(stamp(Collective::Send, 1, Variant::P2P), 4, -1);   // p2p lanes may overlap
-  const uint64_t recv = r.begin(stamp(Collective::Recv, 1, Variant::P2P), 4, -1);
+  for (uint64_t i = 1; i <= 5; ++i) r.end(r.begin(stamp(Collective::AllReduce, i, Variant::Ring), 4, -1, std::chrono::steady_clock::now()));
+  const uint64_t send = r.begin(stamp(Collective::Send, 1, Variant::P2P), 4, -1, std::chrono::steady_clock::now());   // p2p lanes may overlap
+  const uint64_t recv = r.begin(stamp(Collective::Recv, 1, Variant::P2P), 4, -1, std::chrono::steady_clock::now());
   r.end(send);
   const std::string d = r.dump_json({"g", 0, 2}, "a \"quoted\"\nreason");
   CHECK(has(d, "\"format\": \"pycomm.flight_recorder/1\""), "%s", d.c_str());
@@ -62,7 +62,7 @@ static void test_flight_recorder_keeps_the_last_and_the_running() {
   CHECK(has(r.dump_json({"g", 0, 2}, ""), "\"error\": \"peer gone\"}"), "error text");
 
   Recorder none(0);
-  none.end(none.begin(stamp(Collective::Barrier, 1, Variant::Dissemination), 0, -1));
+  none.end(none.begin(stamp(Collective::Barrier, 1, Variant::Dissemination), 0, -1, std::chrono::steady_clock::now()));
   CHECK(has(none.dump_json({"g", 0, 1}, ""), "\"entries\": []"), "capacity 0 keeps no entry");
   CHECK(has(none.stats_json({"g", 0, 1}), "\"barrier\": {\"dissemination\": {\"calls\": 1"), "but counts");
 }
