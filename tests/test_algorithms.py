@@ -8,6 +8,8 @@ chunks and the minimum pipeline depth, so that the pipelined paths and their dea
 freedom are exercised with small tensors.
 """
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -176,3 +178,72 @@ def test_malformed_link_costs_file_is_an_error(tmp_path):
     path.write_text("intra fast\n")
     with pytest.raises(AssertionError, match="malformed link costs"):
         run_world(link_costs_world, 2, args=(4096,), env={"PYCOMM_LINK_COSTS": str(path)}, timeout=120)
+
+
+def _sockets():
+    """TCP sockets (and the listener) this process holds."""
+    fds = os.listdir("/proc/self/fd")
+    count = 0
+    for fd in fds:
+        try:
+            count += os.readlink("/proc/self/fd/" + fd).startswith("socket:")
+        except OSError:  # the listing's own descriptor, gone
+            pass
+    return count
+
+
+def _scale_values(rank, count, salt):
+    return (torch.arange(count, dtype=torch.int64) * 13 + rank * 7 + salt) % 1000
+
+
+def scale_world(rank, ws, count):
+    import pycomm
+
+    created = _sockets()
+    dist.barrier()  # no rank connects on demand before every rank counted (the barrier uses eager peers)
+    problems = []
+    everyone = torch.stack([_scale_values(r, ws * count, 1) for r in range(ws)])
+    total = everyone.sum(0)
+    for algo in ALGORITHMS:
+        def all_reduce():
+            t = everyone[rank].clone()
+            pycomm.all_reduce(t, algorithm=algo)
+            return check_equal(t, total)
+
+        def reduce_scatter():
+            out = torch.zeros(count, dtype=torch.int64)
+            pycomm.reduce_scatter_tensor(out, everyone[rank].clone(), algorithm=algo)
+            return check_equal(out, total[rank * count:(rank + 1) * count])
+
+        def all_gather():
+            out = torch.zeros(ws * count, dtype=torch.int64)
+            pycomm.all_gather_into_tensor(out, everyone[rank, :count].clone(), algorithm=algo)
+            return check_equal(out, everyone[:, :count].reshape(-1))
+        for body in (all_reduce, reduce_scatter, all_gather):
+            _case(problems, "%s %s" % (body.__name__, algo), body)
+    return problems, created, _sockets()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{"PYCOMM_TRANSPORT": "tcp"}, {"PYCOMM_RANKS_PER_NODE": "8"}],
+                         ids=["tcp", "4-nodes-of-8"])
+def test_32_ranks(env):
+    """32 ranks on this host: every algorithm exact. A rank connects at creation to its TCP
+    peers at a power-of-two distance around the ring (at most 9 of 31: O(log n)) and to the
+    others when an algorithm first needs them: the direct ones need every TCP peer."""
+    if is_gloo():
+        pytest.skip("algorithms are pycomm's")
+    ws = 32
+    count = 65537 if os.environ.get("PYCOMM_SOAK") == "1" else 37
+    results = run_world(scale_world, ws, args=(count,), env=env, pg_timeout=120, timeout=500)
+    problems = ["rank %d: %s" % (r, p) for r, (ps, _, _) in enumerate(results) for p in ps]
+    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+    per_node = int(env.get("PYCOMM_RANKS_PER_NODE", ws))
+    tcp_peers = ws - 1 if "PYCOMM_TRANSPORT" in env else ws - per_node
+    eager = 9   # at most: distances 1, 2, 4, 8, 16 ahead and behind, 16 counted once
+    for rank, (_, created, used) in enumerate(results):
+        # A rank listens where it has a higher TCP peer (it connects to the lower ones).
+        last_node = rank // per_node == (ws - 1) // per_node
+        listener = 0 if rank == ws - 1 or ("PYCOMM_TRANSPORT" not in env and last_node) else 1
+        assert created <= eager + listener, "rank %d holds %d sockets after creation" % (rank, created)
+        assert used == tcp_peers + listener, "rank %d holds %d sockets, %d TCP peers" % (rank, used, tcp_peers)

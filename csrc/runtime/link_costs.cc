@@ -38,14 +38,16 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
       Context cx = context();
       cx.stamp.collective = static_cast<uint8_t>(Collective::Barrier);
       cx.deadline = Deadline::after(timeout_);
-      // Within a node the latency is a step of the whole node's ranks at once (they may
-      // outnumber the cores); across nodes, and for bandwidth, the lone pair's.
+      // The latency is a step of many ranks at once, as the algorithms take them (ranks
+      // may outnumber the cores, which a lone pair would not see): within a node, of the
+      // node's ranks; across nodes, of the whole group. The bandwidth is the lone pair's.
       const std::vector<int>& node = topology_.nodes[topology_.node_of[a]];
       double step_us = 0;
       if (cls == 0 && topology_.node_of[rank_] == topology_.node_of[a]) step_us = step_latency_us(cx.team(node));
+      if (cls == 1) step_us = step_latency_us(cx);
       if (rank_ == a || rank_ == b) {
         LinkCost c = ping_pong(cx, rank_ == a ? b : a, rank_ == a);
-        if (cls == 0) c.latency_us = step_us;
+        c.latency_us = step_us;
         if (rank_ == a) store.set(key, std::to_string(c.latency_us) + " " + std::to_string(c.bytes_per_us));
       }
       value = store.get(key);

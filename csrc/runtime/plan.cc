@@ -6,7 +6,9 @@
 //   (the ping-pong that measures it reads and writes each byte on both sides);
 // - across nodes a variant costs one inter-node latency per sequential step plus the
 //   bytes that leave each node over its (shared) link, or that a rank sends, whichever is
-//   more.
+//   more. A direct step's frames from other nodes count one step each: they travel at
+//   once, but a rank takes them one after the other, so sending to every rank does not
+//   cost one latency at any scale.
 // Bytes per rank and per node come from each algorithm's note in csrc/algorithms; ranks
 // are numbered node by node. Compressed calls are priced at their encoded bytes on the
 // wire (codec blocks included) and at their uncompressed memory traffic.
@@ -90,7 +92,7 @@ Cost direct_pass(const Sizes& s, bool gather) {
   Cost c;
   c.frames = (s.n - 1) * segment_chunks;
   c.traffic = (gather ? 3 * s.n - 2 : 3 * s.n - 1) / s.n * s.B;
-  c.steps = segment_chunks;
+  c.steps = std::max(1.0, s.n - s.L) * segment_chunks;
   c.rank_bytes = (s.n - 1) / s.n * s.W;
   c.node_out_bytes = s.L * (s.n - s.L) / s.n * s.W;
   return c;
@@ -122,7 +124,7 @@ double oneshot_allreduce_us(const PlanInput& in) {
   Cost c;
   c.frames = (s.n - 1) * whole_chunks;
   c.traffic = (2 * s.n + 1) * s.B;
-  c.steps = whole_chunks;
+  c.steps = std::max(1.0, s.n - s.L) * whole_chunks;
   c.rank_bytes = (s.n - 1) * s.W;
   c.node_out_bytes = s.L * (s.n - s.L) * s.W;
   return time_us(c, in.costs, s.N > 1);

@@ -1,5 +1,14 @@
-// TCP transport: a full mesh of authenticated connections, one per peer (set up by
-// tcp_mesh.cc), all driven by one I/O thread per transport.
+// TCP transport: one authenticated connection per peer (tcp_mesh.cc), all driven by one
+// I/O thread per transport.
+//
+// Connections. A rank connects at creation to its eager peers: those at a power-of-two
+// distance around the ring of ranks (r +- 1, 2, 4, ...), which the ring, the dissemination
+// barrier and the link-cost calibration at creation use: O(log n) of them. Every other
+// connection is made when a channel is first used: begin_send(), begin_recv() or
+// peek_recv() asks the I/O thread for it, and the pair's higher rank connects (the lower
+// one accepts whenever it comes). Until then frames sent wait in the channel's slots, as
+// they would for a slow reader. A rank thus holds a socket for each peer its operations
+// have used, plus one listener.
 //
 // Wire. Each frame is a FrameHeader (48 bytes) followed by `bytes` payload bytes: Data
 // frames carry at most chunk_bytes(); an Abort frame carries the reason (<= 1 KiB, shown
@@ -129,8 +138,8 @@ class TcpTransport;
 
 class TcpChannel final : public Channel {
  public:
-  TcpChannel(TcpTransport* t, const PeerInfo& peer, Fd sock, size_t chunk, size_t depth)
-      : t_(t), peer_(peer), sock_(std::move(sock)), chunk_(chunk), depth_(depth),
+  TcpChannel(TcpTransport* t, const PeerInfo& peer, size_t chunk, size_t depth)
+      : t_(t), peer_(peer), chunk_(chunk), depth_(depth),
         out_mem_(allocate_slots(chunk * depth)), in_mem_(allocate_slots(chunk * depth)),
         out_hdr_(depth), in_hdr_(depth) {}
 
@@ -151,6 +160,8 @@ class TcpChannel final : public Channel {
   char* in_slot(uint64_t frame) const { return in_mem_.get() + (frame % depth_) * chunk_; }
   // Throws if the transport was aborted or this channel can no longer do `sending`/receiving.
   void throw_if_failed(bool sending) const;
+  // Asks the I/O thread for this channel's connection if it has none yet; with mu_ held.
+  void want_connection_locked();
   // Sleeps one slice; throws Timeout once `deadline` has passed.
   void sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what);
   template <class Ready>
@@ -159,7 +170,7 @@ class TcpChannel final : public Channel {
 
   TcpTransport* const t_;
   const PeerInfo peer_;
-  Fd sock_;
+  Fd sock_;  // I/O thread only, once connected
   const size_t chunk_, depth_;
   const Slots out_mem_, in_mem_;
   std::vector<FrameHeader> out_hdr_, in_hdr_;  // per slot, owned like the slot
@@ -174,8 +185,12 @@ class TcpChannel final : public Channel {
   std::string send_error_;  // non-empty once the peer stopped reading (it closed its side)
   bool io_wants_in_ = false;   // the I/O thread is (about to be) polling for input
   bool io_wants_out_ = false;  // ... for output
+  bool connected_ = false;     // sock_ is set
+  bool wanted_ = false;        // an operation used the channel: connect it
+  std::string pending_;        // while wanted and not connected: why not yet
 
   // I/O thread only.
+  bool asked_ = false;       // the mesh was asked for the connection
   bool dead_ = false;        // error_ set: no more I/O
   bool closed_ = false;      // abort frame delivered (or given up) and socket shut down
   bool rdhup_seen_ = false;  // POLLRDHUP handled once; not polled for again
@@ -192,12 +207,12 @@ class TcpTransport final : public Transport {
     validate(s);
     wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
-    std::vector<Fd> socks = tcp::connect_mesh(s);
     channels_.resize(s.size);
     for (int p : s.peers)
-      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], std::move(socks[p]),
-                                                  s.config->tcp_chunk_bytes,
+      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.config->tcp_chunk_bytes,
                                                   static_cast<size_t>(s.config->pipeline_depth));
+    mesh_ = std::make_unique<tcp::Mesh>(s, eager_peers(s));
+    attach_connected();
     io_ = std::thread([this] { io_main(); });
   }
 
@@ -256,6 +271,34 @@ class TcpTransport final : public Transport {
       fail(ErrorKind::InvalidArgument, "pycomm: invalid pipeline depth " + std::to_string(s.config->pipeline_depth));
   }
 
+  // The peers at a power-of-two distance around the ring: a symmetric set.
+  static std::vector<int> eager_peers(const TransportSetup& s) {
+    std::vector<int> eager;
+    for (int p : s.peers) {
+      const int ahead = ((p - s.rank) % s.size + s.size) % s.size, behind = s.size - ahead;
+      const auto power_of_two = [](int d) { return d > 0 && (d & (d - 1)) == 0; };
+      if (power_of_two(ahead) || power_of_two(behind)) eager.push_back(p);
+    }
+    return eager;
+  }
+
+  // Hands the mesh's newly authenticated sockets to their channels.
+  void attach_connected() {
+    auto done = mesh_->take_connected();
+    if (done.empty()) return;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [p, fd] : done) {
+        TcpChannel& c = *channels_[p];
+        c.sock_ = std::move(fd);
+        c.connected_ = true;
+        c.pending_.clear();
+      }
+      changed_locked();
+    }
+    cv_.notify_all();
+  }
+
   void wake_io() {
     const uint64_t one = 1;
     ssize_t ignored = ::write(wake_fd_.get(), &one, sizeof one);  // EAGAIN: already pending
@@ -287,6 +330,7 @@ class TcpTransport final : public Transport {
   bool abort_begun_ = false;         // I/O thread only
   Fd wake_fd_;
   std::vector<std::unique_ptr<TcpChannel>> channels_;  // by rank; fixed after construction
+  std::unique_ptr<tcp::Mesh> mesh_;                    // I/O thread only, after construction
   std::thread io_;
 };
 
@@ -298,9 +342,16 @@ void TcpChannel::throw_if_failed(bool sending) const {
   if (sending && !send_error_.empty()) fail(ErrorKind::PeerFailure, send_error_);
 }
 
+void TcpChannel::want_connection_locked() {
+  if (connected_ || wanted_) return;
+  wanted_ = true;
+  t_->wake_io();
+}
+
 void TcpChannel::sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what) {
   if (deadline.expired())
-    fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe() + " over TCP");
+    fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe() + " over TCP" +
+                                 (connected_ ? "" : " (not connected: " + pending_ + ")"));
   t_->cv_.wait_until(lk, std::min(deadline.at, Clock::now() + kLivenessSlice));
 }
 
@@ -328,6 +379,7 @@ void TcpChannel::wait(std::unique_lock<std::mutex>& lk, const Deadline& deadline
 void* TcpChannel::begin_send(const Deadline& deadline) {
   // A send fails on any failure, even with a free slot: the frame could never arrive.
   std::unique_lock<std::mutex> lk(t_->mu_);
+  want_connection_locked();
   wait(lk, deadline, "send to", true, [&] {
     return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
   });
@@ -357,6 +409,7 @@ const void* TcpChannel::begin_recv(const FrameHeader& expect, const Deadline& de
   const char* slot;
   {
     std::unique_lock<std::mutex> lk(t_->mu_);
+    want_connection_locked();
     wait(lk, deadline, "receive from", false, [&] { return filled_ != released_; });
     got = in_hdr_[released_ % depth_];
     slot = in_slot(released_);
@@ -367,6 +420,7 @@ const void* TcpChannel::begin_recv(const FrameHeader& expect, const Deadline& de
 
 std::optional<FrameHeader> TcpChannel::peek_recv() {
   std::lock_guard<std::mutex> lk(t_->mu_);
+  want_connection_locked();
   if (!t_->aborted_ && filled_ != released_) return in_hdr_[released_ % depth_];
   throw_if_failed(false);
   return std::nullopt;
@@ -413,10 +467,12 @@ void TcpTransport::io_loop() {
   constexpr auto kNever = Clock::time_point::max();
   std::vector<pollfd> fds;
   std::vector<TcpChannel*> polled;
+  std::vector<int> to_connect;
   Clock::time_point finish_by = kNever;
   for (;;) {
     fds.assign(1, pollfd{wake_fd_.get(), POLLIN, 0});
     polled.clear();
+    to_connect.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
       const auto now = Clock::now();
@@ -439,6 +495,13 @@ void TcpTransport::io_loop() {
         if (!cp) continue;
         TcpChannel& c = *cp;
         c.io_wants_in_ = c.io_wants_out_ = false;
+        if (!c.connected_) {
+          if (abort_begun_ || !c.wanted_) continue;
+          if (!c.asked_) c.asked_ = true, to_connect.push_back(c.peer());
+          c.pending_ = mesh_->pending(c.peer());
+          busy = busy || c.written_ < c.committed_;  // frames that wait for the connection
+          continue;
+        }
         if (c.dead_ || c.closed_) continue;
         short events = 0;
         if (abort_begun_) {
@@ -458,7 +521,14 @@ void TcpTransport::io_loop() {
         return;
       }
     }
-    const int n = ::poll(fds.data(), fds.size(), finish_by == kNever ? -1 : poll_timeout_ms(finish_by));
+    // Connections in the making: outside mu_ (the mesh makes system calls); none once aborted.
+    const size_t mesh_at = fds.size();
+    Clock::time_point wake = finish_by;
+    if (!abort_begun_) {
+      for (int p : to_connect) mesh_->want(p);
+      wake = std::min(wake, mesh_->poll_set(fds));
+    }
+    const int n = ::poll(fds.data(), fds.size(), wake == kNever ? -1 : poll_timeout_ms(wake));
     if (n < 0) {
       if (errno == EINTR) continue;
       fail(ErrorKind::Internal, errno_message("pycomm: poll"));
@@ -468,8 +538,12 @@ void TcpTransport::io_loop() {
       ssize_t ignored = ::read(wake_fd_.get(), &count, sizeof count);
       (void)ignored;
     }
-    for (size_t i = 1; i < fds.size(); ++i)
+    for (size_t i = 1; i < mesh_at; ++i)
       if (fds[i].revents) handle(*polled[i - 1], fds[i].revents);
+    if (!abort_begun_) {
+      mesh_->progress(fds.data() + mesh_at);
+      attach_connected();
+    }
   }
 }
 

@@ -1,16 +1,18 @@
-// Set-up of the TCP transport: a full mesh of authenticated connections, one per peer.
+// The TCP transport's connections: one authenticated connection per pair of peers, made
+// when the group is created for the eager peers and when first used for the others.
 //
-// Set-up. Every rank that expects connections listens on one IPv4 address (127.0.0.1 when
-// all its peers share its host, else PYCOMM_SOCKET_IFNAME's address, else the first up
-// non-loopback interface's), on an ephemeral port, and publishes "addr:port" under
-// <key_prefix>/tcp/addr/<rank>. For each pair the higher rank connects to the lower one.
-// Before any frame the connector sends a Hello {magic, version, from, to, secret}; the
-// acceptor checks every field (to == self, from is an expected peer not yet connected, the
-// secret matches, compared in constant time) and answers with an Ack carrying its own rank
-// and the secret, which the connector checks in turn. A connection failing any check is
-// closed; the acceptor keeps accepting until every expected peer arrived or the set-up
-// deadline passed, so a stranger can neither take a peer's place nor stop the group from
-// forming. Connects, accepts and handshakes all progress together in one poll() loop.
+// Set-up. Every rank that expects connections (it has a higher peer) listens on one IPv4
+// address (127.0.0.1 when all its peers share its host, else PYCOMM_SOCKET_IFNAME's
+// address, else the first up non-loopback interface's), on an ephemeral port, for the
+// group's life, and publishes "addr:port" under <key_prefix>/tcp/addr/<rank>; then it
+// reads every lower peer's address at once. For each pair the higher rank connects to the
+// lower one. Before any frame the connector sends a Hello {magic, version, from, to,
+// secret}; the acceptor checks every field (to == self, from is a higher peer not yet
+// connected, the secret matches, compared in constant time) and answers with an Ack
+// carrying its own rank and the secret, which the connector checks in turn. A connection
+// failing any check is closed; the acceptor keeps accepting, so a stranger can neither take
+// a peer's place nor stop the group from forming. Connects, accepts and handshakes all
+// progress together in one poll() loop: set-up's, then the I/O thread's.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -154,55 +156,103 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-// One poll() loop connecting to lower ranks and accepting higher ones.
-class MeshBuilder {
- public:
-  explicit MeshBuilder(const TransportSetup& s) : s_(s), result_(s.size), expected_(s.size, 0),
-                                                 claimed_(s.size, 0) {}
+}  // namespace
 
-  // One authenticated socket per peer, indexed by rank.
-  std::vector<Fd> run() {
-    const in_addr addr = listen_address(s_);
-    for (int p : s_.peers)
-      if (p > s_.rank) expected_[p] = 1, ++incoming_left_;
-    if (incoming_left_ > 0) listen_on(addr);
-    for (int p : s_.peers)
-      if (p < s_.rank) add_outgoing(p);
+// Connects to lower ranks and accepts higher ones, all sockets non-blocking and progressed
+// together: by set-up's own poll() loop until the eager peers are connected, then by the
+// transport's I/O thread, whose poll() includes poll_set()'s entries.
+class Mesh::Impl {
+ public:
+  explicit Impl(const TransportSetup& s)
+      : s_(s), peer_(s.size, 0), expected_(s.size, 0), claimed_(s.size, 0), connected_(s.size, 0),
+        outgoing_of_(s.size, -1) {
+    if (s.secret.size() > kMaxSecret)
+      fail(ErrorKind::InvalidArgument, "pycomm: the group secret is longer than " + std::to_string(kMaxSecret) + " bytes");
+    for (int p : s.peers) {
+      peer_[p] = 1;
+      if (p > s.rank) expected_[p] = 1;
+    }
+    if (std::any_of(s.peers.begin(), s.peers.end(), [&](int p) { return p > s.rank; })) listen_on(listen_address(s));
+    read_lower_addresses();
+  }
+
+  void want(int p) {
+    if (p < 0 || p >= s_.size || !peer_[p] || p > s_.rank || connected_[p] || outgoing_of_[p] >= 0) return;
+    Outgoing o;
+    o.peer = p;
+    o.addr = addresses_[p];
+    o.addr_text = address_texts_[p];
+    o.hello = make_hello(kHelloMagic, s_.rank, p, s_.secret);
+    o.retry_at = Clock::now();
+    outgoing_of_[p] = static_cast<int>(out_.size());
+    out_.push_back(std::move(o));
+  }
+
+  Clock::time_point poll_set(std::vector<pollfd>& fds) {
+    const auto now = Clock::now();
+    for (auto& o : out_)
+      if (o.phase == Phase::Idle && now >= o.retry_at) start_connect(o);
+    for (auto& i : in_)
+      if (i.fd && now - i.since > kHandshakeTimeout) drop(i);
+    prune();
+    Clock::time_point wake = Clock::time_point::max();
+    polled_out_.clear();
+    for (size_t k = 0; k < out_.size(); ++k) {
+      Outgoing& o = out_[k];
+      if (o.phase == Phase::Idle) wake = std::min(wake, o.retry_at);
+      if (o.phase == Phase::Connecting || o.phase == Phase::Sending) fds.push_back({o.fd.get(), POLLOUT, 0});
+      else if (o.phase == Phase::Receiving) fds.push_back({o.fd.get(), POLLIN, 0});
+      else continue;
+      polled_out_.push_back(k);
+    }
+    polled_in_ = in_.size();
+    for (auto& i : in_) {
+      wake = std::min(wake, i.since + kHandshakeTimeout);
+      fds.push_back({i.fd.get(), static_cast<short>(i.phase == Phase::Sending ? POLLOUT : POLLIN), 0});
+    }
+    polled_listener_ = listener_ && incoming_left() > 0;
+    if (polled_listener_) fds.push_back({listener_.get(), POLLIN, 0});
+    return wake;
+  }
+
+  void progress(const pollfd* fds) {
+    size_t k = 0;
+    for (size_t o : polled_out_)
+      if (fds[k++].revents) progress_outgoing(out_[o]);
+    for (size_t j = 0; j < polled_in_; ++j)
+      if (fds[k++].revents) progress_incoming(in_[j]);
+    if (polled_listener_ && fds[k].revents) accept_all();
+  }
+
+  std::vector<std::pair<int, Fd>> take_connected() { return std::exchange(done_, {}); }
+
+  std::string pending(int p) const {
+    if (p < s_.rank) {
+      if (outgoing_of_[p] < 0) return "no connection attempted yet";
+      const Outgoing& o = out_[outgoing_of_[p]];
+      return "connecting to " + o.addr_text + ", last error: " + o.last_error;
+    }
+    return "it has not connected to " + listen_text_;
+  }
+
+  void connect_eagerly(const std::vector<int>& eager) {
+    for (int p : eager) want(p);
+    std::vector<char> waiting(s_.size, 0);
+    for (int p : eager) waiting[p] = 1;
+    const auto left = [&] {
+      size_t n = 0;
+      for (int p : eager) n += connected_[p] ? 0 : 1;
+      return n;
+    };
     std::vector<pollfd> fds;
-    while (connected() < s_.peers.size()) {
-      const auto now = Clock::now();
-      if (now >= s_.deadline.at) fail(ErrorKind::Timeout, timeout_message());
-      for (auto& o : out_)
-        if (o.phase == Phase::Idle && now >= o.retry_at) start_connect(o);
-      for (auto& i : in_)
-        if (i.fd && now - i.since > kHandshakeTimeout) drop(i);
-      prune();
-      Clock::time_point wake = s_.deadline.at;
+    while (left() > 0) {
+      if (Clock::now() >= s_.deadline.at) fail(ErrorKind::Timeout, timeout_message(waiting));
       fds.clear();
-      for (auto& o : out_) {
-        if (o.phase == Phase::Idle) wake = std::min(wake, o.retry_at);
-        if (o.phase == Phase::Connecting || o.phase == Phase::Sending) fds.push_back({o.fd.get(), POLLOUT, 0});
-        if (o.phase == Phase::Receiving) fds.push_back({o.fd.get(), POLLIN, 0});
-      }
-      for (auto& i : in_) {
-        wake = std::min(wake, i.since + kHandshakeTimeout);
-        fds.push_back({i.fd.get(), static_cast<short>(i.phase == Phase::Sending ? POLLOUT : POLLIN), 0});
-      }
-      if (listener_ && incoming_left_ > 0) fds.push_back({listener_.get(), POLLIN, 0});
+      const auto wake = std::min(poll_set(fds), s_.deadline.at);
       const int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(wake));
       if (n < 0 && errno != EINTR) fail(ErrorKind::Internal, errno_message("pycomm: poll"));
-      if (n <= 0) continue;
-      // Entries were pushed in the order out_, in_, listener; handlers never reorder out_
-      // or in_ (accept appends after this walk).
-      size_t k = 0;
-      for (auto& o : out_)
-        if (o.phase == Phase::Connecting || o.phase == Phase::Sending || o.phase == Phase::Receiving)
-          if (fds[k++].revents) progress_outgoing(o);
-      for (size_t j = 0, m = in_.size(); j < m; ++j)
-        if (fds[k++].revents) progress_incoming(in_[j]);
-      if (k < fds.size() && fds[k].revents) accept_all();
+      if (n > 0) progress(fds.data());
     }
-    return std::move(result_);
   }
 
  private:
@@ -230,10 +280,15 @@ class MeshBuilder {
     Clock::time_point since;
   };
 
-  size_t connected() const {
+  size_t incoming_left() const {
     size_t n = 0;
-    for (const auto& fd : result_) n += fd ? 1 : 0;
+    for (int p = 0; p < s_.size; ++p) n += expected_[p] && !connected_[p] ? 1 : 0;
     return n;
+  }
+
+  void connected(int p, Fd fd) {
+    connected_[p] = 1;
+    done_.emplace_back(p, std::move(fd));
   }
 
   void listen_on(const in_addr& addr) {
@@ -255,26 +310,36 @@ class MeshBuilder {
 
   std::string key(int rank) const { return s_.key_prefix + "/tcp/addr/" + std::to_string(rank); }
 
-  void add_outgoing(int p) {
-    std::string text;
+  // Every lower peer's address, in one wait and one read of the store.
+  void read_lower_addresses() {
+    std::vector<int> lower;
+    std::vector<std::string> keys;
+    for (int p : s_.peers)
+      if (p < s_.rank) lower.push_back(p), keys.push_back(key(p));
+    addresses_.resize(s_.size);
+    address_texts_.resize(s_.size);
+    if (lower.empty()) return;
+    bool all = false;
     try {
-      text = s_.store->get(key(p));
-    } catch (const Error& e) {
-      fail(e.kind(), "pycomm: no TCP address from " + s_.ranks[p].describe() + ": " + e.what());
+      all = s_.store->wait(keys, s_.deadline.remaining());
     } catch (const std::exception& e) {
-      fail(ErrorKind::Timeout, "pycomm: no TCP address from " + s_.ranks[p].describe() + ": " + e.what());
+      fail(ErrorKind::Timeout, "pycomm: no TCP address from " + s_.ranks[lower.front()].describe() + ": " + e.what());
     }
-    const auto addr = parse_address(text);
-    if (!addr)
-      fail(ErrorKind::Mismatch, "pycomm: " + s_.ranks[p].describe() + " published an invalid TCP address '" +
-                                    text.substr(0, 64) + "'");
-    Outgoing o;
-    o.peer = p;
-    o.addr = *addr;
-    o.addr_text = text;
-    o.hello = make_hello(kHelloMagic, s_.rank, p, s_.secret);
-    o.retry_at = Clock::now();
-    out_.push_back(std::move(o));
+    if (!all)
+      for (size_t i = 0; i < lower.size(); ++i)
+        if (!s_.store->check(keys[i]))
+          fail(ErrorKind::Timeout, "pycomm: no TCP address from " + s_.ranks[lower[i]].describe() +
+                                       " (it never published one)");
+    const std::vector<std::string> texts = s_.store->multi_get(keys);
+    for (size_t i = 0; i < lower.size(); ++i) {
+      const int p = lower[i];
+      const auto addr = parse_address(texts[i]);
+      if (!addr)
+        fail(ErrorKind::Mismatch, "pycomm: " + s_.ranks[p].describe() + " published an invalid TCP address '" +
+                                      texts[i].substr(0, 64) + "'");
+      addresses_[p] = *addr;
+      address_texts_[p] = texts[i];
+    }
   }
 
   void retry_later(Outgoing& o, const std::string& why) {
@@ -296,7 +361,6 @@ class MeshBuilder {
     else
       retry_later(o, errno_message("connect"));
   }
-
   void progress_outgoing(Outgoing& o) {
     if (o.phase == Phase::Connecting) {
       int err = 0;
@@ -333,7 +397,7 @@ class MeshBuilder {
       const Hello& r = o.reply;
       if (!(handshake_valid(r, kAckMagic, s_.rank, s_.secret) && r.from_rank == o.peer))
         return retry_later(o, "invalid handshake reply");
-      result_[o.peer] = std::move(o.fd);
+      connected(o.peer, std::move(o.fd));
       o.phase = Phase::Done;
     }
   }
@@ -351,7 +415,7 @@ class MeshBuilder {
       i.since = Clock::now();
       set_nodelay(c);
       // Only connections still handshaking may be evicted: one dropped or finished this
-      // round (its socket moved to result_) is forgotten first, so that evicting it never
+      // round (its socket handed over) is forgotten first, so that evicting it never
       // frees the rank it claimed, nor wastes the eviction.
       prune();
       in_.push_back(std::move(i));
@@ -381,7 +445,7 @@ class MeshBuilder {
       if (i.off < sizeof i.hello) return;
       const Hello& h = i.hello;
       const bool from_ok = h.from_rank > s_.rank && h.from_rank < s_.size && expected_[h.from_rank] &&
-                           !claimed_[h.from_rank];
+                           !claimed_[h.from_rank] && !connected_[h.from_rank];
       if (!(handshake_valid(h, kHelloMagic, s_.rank, s_.secret) && from_ok)) return drop(i);
       i.peer = h.from_rank;
       claimed_[i.peer] = 1;
@@ -398,49 +462,56 @@ class MeshBuilder {
       }
       i.off += static_cast<size_t>(n);
       if (i.off < sizeof i.ack) return;
-      result_[i.peer] = std::move(i.fd);  // leaves i.fd empty: erased next round
-      --incoming_left_;
+      connected(i.peer, std::move(i.fd));  // leaves i.fd empty: erased next round
     }
   }
 
-  std::string timeout_message() const {
+  std::string timeout_message(const std::vector<char>& waiting) const {
     std::ostringstream os;
-    os << "pycomm: TCP set-up timed out on " << s_.ranks[s_.rank].describe()
-       << "; not connected to ";
+    os << "pycomm: TCP set-up timed out on " << s_.ranks[s_.rank].describe() << "; not connected to ";
     bool first = true;
-    for (const auto& o : out_) {
-      if (result_[o.peer]) continue;
-      os << (first ? "" : "; ") << s_.ranks[o.peer].describe() << " at " << o.addr_text
-         << " (last error: " << o.last_error << ")";
-      first = false;
-    }
     for (int p = 0; p < s_.size; ++p) {
-      if (!expected_[p] || result_[p]) continue;
-      os << (first ? "" : "; ") << s_.ranks[p].describe() << " (it never connected to "
-         << listen_text_ << ")";
+      if (!waiting[p] || connected_[p]) continue;
+      os << (first ? "" : "; ") << s_.ranks[p].describe();
+      if (p < s_.rank) {
+        const Outgoing& o = out_[outgoing_of_[p]];
+        os << " at " << o.addr_text << " (last error: " << o.last_error << ")";
+      } else {
+        os << " (it never connected to " << listen_text_ << ")";
+      }
       first = false;
     }
     return os.str();
   }
 
-  const TransportSetup& s_;
-  std::vector<Fd> result_;
-  std::vector<char> expected_;  // higher ranks that connect to this one
-  std::vector<char> claimed_;   // expected ranks whose Hello was accepted
-  size_t incoming_left_ = 0;
+  const TransportSetup s_;              // a copy: the mesh outlives set-up
+  std::vector<char> peer_;              // ranks served by this transport
+  std::vector<char> expected_;          // higher peers: they connect to this rank
+  std::vector<char> claimed_;           // expected ranks whose Hello was accepted
+  std::vector<char> connected_;         // authenticated sockets handed over
+  std::vector<int> outgoing_of_;        // index in out_ of each lower peer wanted, else -1
+  std::vector<sockaddr_in> addresses_;  // of the lower peers
+  std::vector<std::string> address_texts_;
   Fd listener_;
   std::string listen_text_;
   std::vector<Outgoing> out_;
   std::vector<Incoming> in_;
+  std::vector<std::pair<int, Fd>> done_;
+  std::vector<size_t> polled_out_;      // of the last poll_set(), in order
+  size_t polled_in_ = 0;
+  bool polled_listener_ = false;
 };
 
-}  // namespace
-
-std::vector<Fd> connect_mesh(const TransportSetup& s) {
-  if (s.secret.size() > kMaxSecret)
-    fail(ErrorKind::InvalidArgument, "pycomm: the group secret is longer than " + std::to_string(kMaxSecret) + " bytes");
-  return MeshBuilder(s).run();
+Mesh::Mesh(const TransportSetup& s, const std::vector<int>& eager) : impl_(std::make_unique<Impl>(s)) {
+  impl_->connect_eagerly(eager);
 }
+Mesh::~Mesh() = default;
+void Mesh::want(int peer) { impl_->want(peer); }
+Clock::time_point Mesh::poll_set(std::vector<pollfd>& fds) { return impl_->poll_set(fds); }
+void Mesh::progress(const pollfd* fds) { impl_->progress(fds); }
+std::vector<std::pair<int, Fd>> Mesh::take_connected() { return impl_->take_connected(); }
+std::string Mesh::pending(int peer) const { return impl_->pending(peer); }
+
 
 }  // namespace tcp
 }  // namespace pycomm

@@ -1,11 +1,14 @@
 // What the two halves of the TCP transport share: descriptors owned by Fd, the mesh of
-// authenticated connections that set-up builds (tcp_mesh.cc), and poll deadlines.
+// authenticated connections (tcp_mesh.cc), and poll deadlines.
 #pragma once
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -44,10 +47,33 @@ class Fd {
   int fd_ = -1;
 };
 
-// One authenticated, non-blocking socket per peer of `s` (indexed by rank, empty for
-// ranks that are not peers), or throws: a Timeout naming who never connected, an
-// InvalidArgument for a bad interface or secret.
-std::vector<Fd> connect_mesh(const TransportSetup& s);
+// The authenticated, non-blocking connections of one rank to the peers of a TransportSetup,
+// one per pair, the higher rank connecting to the lower one's listener. Made at creation
+// for `eager` peers (a set that must be symmetric: p lists this rank where it lists p), on
+// demand for the others: want(p) starts connecting to a lower peer; a higher peer connects
+// when it wants. Construction listens where a higher peer may connect, publishes its
+// address and reads every lower peer's (one wait and one read of the store, whatever the
+// number of peers), then returns once every eager peer is connected, or throws: a Timeout
+// at the set-up deadline naming who never connected, an InvalidArgument for a bad
+// interface or secret. Afterwards one thread (the transport's I/O thread) drives it:
+// poll_set() appends what to poll and returns by when to call again, progress() takes
+// those entries back after poll(), take_connected() hands over the sockets authenticated
+// since the last call (the eager ones first).
+class Mesh {
+ public:
+  Mesh(const TransportSetup& s, const std::vector<int>& eager);
+  ~Mesh();
+  void want(int peer);
+  Clock::time_point poll_set(std::vector<pollfd>& fds);
+  void progress(const pollfd* fds);
+  std::vector<std::pair<int, Fd>> take_connected();
+  // Why `peer` is not connected yet, for an error message.
+  std::string pending(int peer) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // poll()'s timeout until `until`, rounded up, 0 once it has passed.
 inline int poll_timeout_ms(Clock::time_point until) {

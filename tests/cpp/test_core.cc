@@ -231,6 +231,22 @@ static void test_exact_sums() {
             "exact sum changes with the order or %d zero terms", zeros);
 }
 
+// Creating a group costs each rank the same few store requests whatever the world size:
+// the all-gathers publish, wait for every key at once and read them all in one request,
+// and the TCP transport reads every lower peer's address the same way.
+static void test_creation_store_requests() {
+  double per_rank[3];
+  const int sizes[3] = {4, 8, 16};
+  for (int i = 0; i < 3; ++i) {
+    pycomm_test::MemoryStore store;
+    with_world(store, sizes[i], [](Config& c) { c.transport = TransportChoice::Tcp; }, [](int, Communicator&) {});
+    per_rank[i] = static_cast<double>(store.requests()) / sizes[i];
+  }
+  std::printf("store requests per rank to create a group of 4, 8, 16 ranks: %.2f %.2f %.2f\n", per_rank[0],
+              per_rank[1], per_rank[2]);
+  CHECK(per_rank[2] <= per_rank[0] + 0.5 && per_rank[2] <= 16, "store requests per rank grow with the world size");
+}
+
 static void test_perturbation_spec() {
   Perturbation::Spec spec;
   CHECK(!Perturbation::parse("", 0, spec), "empty spec perturbs");
@@ -253,6 +269,7 @@ int main() {
   for (auto t : {TransportChoice::Shm, TransportChoice::Tcp})
     for (int n = 1; n <= 4; ++n) test_collectives(n, t);
   test_mismatch_is_reported();
+  test_creation_store_requests();
   std::printf("test_core: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
   return failures ? 1 : 0;
 }

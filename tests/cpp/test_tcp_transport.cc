@@ -8,6 +8,7 @@
 //       tests/cpp/test_tcp_transport.cc -o /tmp/test_tcp && /tmp/test_tcp
 // PYCOMM_TEST_ONLY=<part of a case name> runs the matching cases only.
 // Under valgrind or sanitizers, stretch the timing bounds: PYCOMM_TEST_SLACK=10.
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -244,6 +245,58 @@ void test_all_to_all(int n, size_t chunk, int depth, size_t per_pair) {
         for (int i = 0; i < depth; ++i)
           if (!recv_test_frame(*t->channel(p), p, r, base + i, d)) return;
   });
+}
+
+int open_descriptors() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// (2b) Connections on demand. Of 8 ranks, each connects at creation to the 5 at a
+// power-of-two distance around the ring (20 pairs, 40 sockets in this process); the
+// all-to-all then needs the 8 other pairs, made on first use, 16 sockets more, and nothing
+// more when it runs again. Until the higher rank of a pair uses it, the lower one's
+// receive times out saying that the peer has not connected.
+void test_connections_on_demand() {
+  constexpr int n = 8;
+  Group g(n, 4096, 2);
+  Barrier created(n + 1), probed(n), done(n + 1), counted(n + 1);
+  const int before = open_descriptors();
+  std::thread counter([&] {
+    created.wait();
+    const int made = open_descriptors() - before;
+    // 40 sockets, 8 eventfds, 7 listeners (rank 7 has no higher peer).
+    CHECK_MSG(made == 40 + 8 + 7, std::to_string(made) + " descriptors after creation");
+    done.wait();
+    CHECK_MSG(open_descriptors() - before == made + 16, std::to_string(open_descriptors() - before - made) +
+                                                            " descriptors more after the all-to-all");
+    counted.wait();
+  });
+  run_ranks(n, [&](int r) {
+    auto t = g.connect(r);
+    created.wait();
+    if (r == 0) {  // rank 5 (distance 3) has not used the pair yet
+      Error e = catch_error([&] { t->channel(5)->begin_recv(frame_header(5, 0, 0), Deadline::after(milliseconds(100))); });
+      CHECK_MSG(e.kind() == ErrorKind::Timeout && contains(e.what(), "not connected") &&
+                    contains(e.what(), "it has not connected"), e.what());
+    }
+    probed.wait();
+    const Deadline d = Deadline::after(scaled(30000));
+    bool ok = true;
+    for (int round = 0; round < 2 && ok; ++round) {
+      for (int p = 0; p < n; ++p)
+        if (p != r) send_test_frame(*t->channel(p), r, p, round, d);
+      for (int p = 0; p < n && ok; ++p)
+        if (p != r) ok = recv_test_frame(*t->channel(p), p, r, round, d);
+    }
+    done.wait();
+    counted.wait();
+  });
+  counter.join();
 }
 
 // Many empty frames back and forth (the barrier's pattern): exercises the wake-ups.
@@ -809,6 +862,8 @@ int main() {
       {"all-to-all n=2", [] { test_all_to_all(2, 4096, 2, 50); }},
       {"all-to-all n=3", [] { test_all_to_all(3, 4096, 3, 50); }},
       {"all-to-all n=4", [] { test_all_to_all(4, 8192, 2, 50); }},
+      {"all-to-all n=7", [] { test_all_to_all(7, 4096, 2, 20); }},
+      {"connections on demand", test_connections_on_demand},
       {"ping-pong", test_ping_pong},
       {"throughput", test_throughput},
       {"mismatch", test_mismatch},

@@ -9,12 +9,11 @@
 #include "runtime/communicator.h"
 #include "memory_store.h"
 
-// Runs body(rank, comm) on `n` threads sharing one store; `configure` adjusts each rank's
+// Runs body(rank, comm) on `n` threads sharing `store`; `configure` adjusts each rank's
 // configuration (read from the environment, with 4 KiB chunks so that even small tests
 // take many chunks).
-inline void with_world(int n, const std::function<void(pycomm::Config&)>& configure,
+inline void with_world(pycomm_test::MemoryStore& store, int n, const std::function<void(pycomm::Config&)>& configure,
                        const std::function<void(int, pycomm::Communicator&)>& body) {
-  pycomm_test::MemoryStore store;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
@@ -29,4 +28,10 @@ inline void with_world(int n, const std::function<void(pycomm::Config&)>& config
       }
     });
   for (auto& t : threads) t.join();
+}
+
+inline void with_world(int n, const std::function<void(pycomm::Config&)>& configure,
+                       const std::function<void(int, pycomm::Communicator&)>& body) {
+  pycomm_test::MemoryStore store;
+  with_world(store, n, configure, body);
 }
