@@ -56,7 +56,8 @@ void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, 
   }
   chunks.piece(everyones ? 0 : r, c, first, len);
   if (!len) return;
-  std::vector<Term> terms(n);
+  thread_local std::vector<Term> terms;  // kept: a small step allocates nothing
+  terms.resize(n);
   for (int p = 0; p < n; ++p)
     terms[p] = p == r ? Term{in + first * wire.es, Form::Input} : wire.term(begin_recv_frame(cx, p, wire.bytes(len)));
   cx.ops->reduce_terms(wire.spec, stage, out, terms.data(), n, len);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -82,19 +83,19 @@ uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device, std::
   std::lock_guard<std::mutex> lock(mutex_);
   r.id = ++next_id_;
   if (capacity_) {
-    if (recent_.size() == capacity_) recent_.pop_front();
-    recent_.push_back(r);
+    if (recent_.size() < capacity_) recent_.push_back(r);
+    else recent_[(r.id - 1) % capacity_] = r;
   }
-  running_.emplace(r.id, std::move(r));
+  running_.push_back(std::move(r));
   return next_id_;
 }
 
 double Recorder::end(uint64_t id, const std::string& error) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = running_.find(id);
+  const auto it = std::find_if(running_.begin(), running_.end(), [&](const OpRecord& r) { return r.id == id; });
   if (it == running_.end()) return 0;
-  OpRecord& r = it->second;
+  OpRecord& r = *it;
   r.state = error.empty() ? OpState::Completed : OpState::Failed;
   r.duration_us = std::chrono::duration<double, std::micro>(now - r.start).count();
   r.error = error;
@@ -103,12 +104,14 @@ double Recorder::end(uint64_t id, const std::string& error) {
   t.failures += error.empty() ? 0 : 1;
   t.bytes += r.bytes;
   t.seconds += r.duration_us * 1e-6;
-  // Usually the newest entry; concurrent p2p lanes may have begun others since.
-  for (auto e = recent_.rbegin(); e != recent_.rend() && e->id >= id; ++e)
-    if (e->id == id) *e = r;
+  if (capacity_) {
+    OpRecord& kept = recent_[(id - 1) % capacity_];
+    if (kept.id == id) kept = r;  // else overwritten since by later operations
+  }
   const double us = r.duration_us;
   last_ = std::move(r);
-  running_.erase(it);
+  *it = std::move(running_.back());
+  running_.pop_back();
   return us;
 }
 
@@ -150,11 +153,10 @@ std::string Recorder::dump_json(const Who& who, const std::string& reason) const
   os << ", \"reason\": ";
   json_string(os, reason);
   os << ", \"dumped_unix_us\": " << unix_us_now() << ", \"capacity\": " << capacity_ << ", \"entries\": [";
-  bool first = true;
-  for (const OpRecord& r : recent_) {
-    os << (first ? "\n  " : ",\n  ");
-    first = false;
-    record_json(os, r, now);
+  const uint64_t oldest = next_id_ - recent_.size() + 1;
+  for (uint64_t id = oldest; id <= next_id_ && !recent_.empty(); ++id) {
+    os << (id == oldest ? "\n  " : ",\n  ");
+    record_json(os, recent_[(id - 1) % capacity_], now);
   }
   os << "]}\n";
   return os.str();

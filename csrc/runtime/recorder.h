@@ -9,11 +9,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/wire.h"
 
@@ -65,8 +65,9 @@ class Recorder {
   const size_t capacity_;
   mutable std::mutex mutex_;
   uint64_t next_id_ = 0;
-  std::deque<OpRecord> recent_;            // the last capacity_ operations begun
-  std::map<uint64_t, OpRecord> running_;   // by id: begun, not ended
+  // The last capacity_ operations begun, a ring: operation id at (id - 1) % capacity_.
+  std::vector<OpRecord> recent_;
+  std::vector<OpRecord> running_;          // begun, not ended (one, or a few on p2p lanes)
   OpRecord last_;                          // the last operation ended (id 0: none yet)
   std::map<std::pair<uint8_t, uint8_t>, OpTotals> totals_;  // by (collective, variant) of the stamp
 };
