@@ -496,7 +496,7 @@ void TcpTransport::io_loop() {
         TcpChannel& c = *cp;
         c.io_wants_in_ = c.io_wants_out_ = false;
         if (!c.connected_) {
-          if (abort_begun_ || !c.wanted_) continue;
+          if (abort_begun_ || !c.wanted_ || c.dead_) continue;
           if (!c.asked_) c.asked_ = true, to_connect.push_back(c.peer());
           c.pending_ = mesh_->pending(c.peer());
           busy = busy || c.written_ < c.committed_;  // frames that wait for the connection
@@ -543,6 +543,7 @@ void TcpTransport::io_loop() {
     if (!abort_begun_) {
       mesh_->progress(fds.data() + mesh_at);
       attach_connected();
+      for (auto& [p, why] : mesh_->take_refused()) fail_channel(*channels_[p], ErrorKind::PeerFailure, why);
     }
   }
 }
@@ -772,7 +773,7 @@ void TcpTransport::socket_error(TcpChannel& c, int err) {
 // Ends the stream: no more I/O on this socket. Frames already complete stay readable.
 void TcpTransport::fail_channel(TcpChannel& c, ErrorKind kind, const std::string& what) {
   c.dead_ = true;
-  ::shutdown(c.sock_.get(), SHUT_RDWR);
+  if (c.sock_) ::shutdown(c.sock_.get(), SHUT_RDWR);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (c.error_.empty()) {

@@ -225,6 +225,7 @@ class Mesh::Impl {
   }
 
   std::vector<std::pair<int, Fd>> take_connected() { return std::exchange(done_, {}); }
+  std::vector<std::pair<int, std::string>> take_refused() { return std::exchange(refused_, {}); }
 
   std::string pending(int p) const {
     if (p < s_.rank) {
@@ -253,6 +254,7 @@ class Mesh::Impl {
       if (n < 0 && errno != EINTR) fail(ErrorKind::Internal, errno_message("pycomm: poll"));
       if (n > 0) progress(fds.data());
     }
+    created_ = true;
   }
 
  private:
@@ -342,6 +344,18 @@ class Mesh::Impl {
     }
   }
 
+  // Once the group exists, every lower peer listens until it leaves: a refused connection
+  // means it has gone, and the channel fails now rather than at its deadline. During
+  // set-up a refusal is retried (the eager peers' errors name it at the set-up deadline).
+  bool gone(Outgoing& o, int err) {
+    if (!created_ || err != ECONNREFUSED) return false;
+    o.fd.reset();
+    o.phase = Phase::Done;
+    refused_.emplace_back(o.peer, "connection to " + s_.ranks[o.peer].describe() + " at " + o.addr_text +
+                                      " refused: it has exited or left the group");
+    return true;
+  }
+
   void retry_later(Outgoing& o, const std::string& why) {
     o.fd.reset();
     o.phase = Phase::Idle;
@@ -358,7 +372,7 @@ class Mesh::Impl {
       o.phase = Phase::Sending;
     else if (errno == EINPROGRESS)
       o.phase = Phase::Connecting;
-    else
+    else if (!gone(o, errno))
       retry_later(o, errno_message("connect"));
   }
   void progress_outgoing(Outgoing& o) {
@@ -366,7 +380,10 @@ class Mesh::Impl {
       int err = 0;
       socklen_t len = sizeof err;
       if (getsockopt(o.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-      if (err != 0) return retry_later(o, std::string("connect: ") + std::strerror(err));
+      if (err != 0) {
+        if (!gone(o, err)) retry_later(o, std::string("connect: ") + std::strerror(err));
+        return;
+      }
       o.phase = Phase::Sending;
     }
     if (o.phase == Phase::Sending) {
@@ -497,6 +514,8 @@ class Mesh::Impl {
   std::vector<Outgoing> out_;
   std::vector<Incoming> in_;
   std::vector<std::pair<int, Fd>> done_;
+  std::vector<std::pair<int, std::string>> refused_;  // lower peers found gone, and how
+  bool created_ = false;                // the eager peers are connected: set-up is over
   std::vector<size_t> polled_out_;      // of the last poll_set(), in order
   size_t polled_in_ = 0;
   bool polled_listener_ = false;
@@ -510,6 +529,7 @@ void Mesh::want(int peer) { impl_->want(peer); }
 Clock::time_point Mesh::poll_set(std::vector<pollfd>& fds) { return impl_->poll_set(fds); }
 void Mesh::progress(const pollfd* fds) { impl_->progress(fds); }
 std::vector<std::pair<int, Fd>> Mesh::take_connected() { return impl_->take_connected(); }
+std::vector<std::pair<int, std::string>> Mesh::take_refused() { return impl_->take_refused(); }
 std::string Mesh::pending(int peer) const { return impl_->pending(peer); }
 
 

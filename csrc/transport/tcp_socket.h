@@ -67,6 +67,9 @@ class Mesh {
   Clock::time_point poll_set(std::vector<pollfd>& fds);
   void progress(const pollfd* fds);
   std::vector<std::pair<int, Fd>> take_connected();
+  // Lower peers whose listener refused a connection after set-up (they have gone), with
+  // the reason, since the last call.
+  std::vector<std::pair<int, std::string>> take_refused();
   // Why `peer` is not connected yet, for an error message.
   std::string pending(int peer) const;
 

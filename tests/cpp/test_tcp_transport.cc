@@ -299,6 +299,28 @@ void test_connections_on_demand() {
   counter.join();
 }
 
+// (2c) A peer that has gone before a pair connected on demand: its listener refuses the
+// connection, and the channel fails at once (not at its deadline), naming it.
+void test_gone_before_connecting() {
+  constexpr int n = 8;
+  Group g(n, 4096, 2);
+  Barrier created(n), left(n);
+  run_ranks(n, [&](int r) {
+    auto t = g.connect(r);
+    created.wait();
+    if (r == 0) t.reset();  // rank 0 leaves: its listener closes
+    left.wait();
+    if (r != 5) return;  // rank 5 (distance 3 from rank 0) has no connection to it yet
+    const auto start = Clock::now();
+    Error e = catch_error([&] { t->channel(0)->begin_recv(frame_header(0, 0, 0), Deadline::after(scaled(20000))); });
+    CHECK_MSG(e.kind() == ErrorKind::PeerFailure && contains(e.what(), "refused") &&
+                  contains(e.what(), g.ranks[0].describe()), e.what());
+    CHECK_MSG(seconds_since(start) < 2.0 * slack(), std::to_string(seconds_since(start)));
+    Error send = catch_error([&] { send_test_frame(*t->channel(0), 5, 0, 0, Deadline::after(scaled(20000))); });
+    CHECK_MSG(send.kind() == ErrorKind::PeerFailure, send.what());
+  });
+}
+
 // Many empty frames back and forth (the barrier's pattern): exercises the wake-ups.
 void test_ping_pong() {
   Group g(2, 4096, 2);
@@ -864,6 +886,7 @@ int main() {
       {"all-to-all n=4", [] { test_all_to_all(4, 8192, 2, 50); }},
       {"all-to-all n=7", [] { test_all_to_all(7, 4096, 2, 20); }},
       {"connections on demand", test_connections_on_demand},
+      {"gone before connecting", test_gone_before_connecting},
       {"ping-pong", test_ping_pong},
       {"throughput", test_throughput},
       {"mismatch", test_mismatch},
