@@ -196,8 +196,7 @@ PYBIND11_MODULE(_C, m) {
       in.options.determinism = parse<Determinism>(determinism);
       in.topology = &topology;
       in.chunk_bytes = chunk_bytes ? chunk_bytes
-                                   : world > ranks_per_node ? std::min(defaults.shm_chunk_bytes, defaults.tcp_chunk_bytes)
-                                                            : defaults.shm_chunk_bytes;
+                                   : defaults.frame_bytes(defaults.transport == TransportChoice::Tcp || world > ranks_per_node);
       in.costs.intra = {intra.first, intra.second};
       in.costs.inter = {inter.first, inter.second};
       const Plan plan = make_plan(in);

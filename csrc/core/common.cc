@@ -35,11 +35,22 @@ std::vector<std::string> all_gather_strings(Store& store, const std::string& pre
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
   store.set(keys[rank], mine);
-  if (!store.wait(keys, deadline.remaining()))
-    for (int r = 0; r < size; ++r)
-      if (!store.check(keys[r]))
-        fail(ErrorKind::Timeout, "pycomm: timed out creating a group: rank " + std::to_string(r) +
-                                     " did not join (rank " + std::to_string(rank) + " waited for it)");
+  return get_all(store, keys, deadline, [&](size_t r) {
+    return "pycomm: timed out creating a group: rank " + std::to_string(r) + " did not join (rank " +
+           std::to_string(rank) + " waited for it)";
+  });
+}
+
+std::vector<std::string> get_all(Store& store, const std::vector<std::string>& keys, const Deadline& deadline,
+                                 const std::function<std::string(size_t)>& missing) {
+  bool all = false;
+  try {
+    all = store.wait(keys, deadline.remaining());
+  } catch (const std::exception&) {  // the store's own timeout or failure: name what is missing
+  }
+  if (!all)
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (!store.check(keys[i])) fail(ErrorKind::Timeout, missing(i));
   return store.multi_get(keys);
 }
 

@@ -61,6 +61,11 @@ struct Config {
   int ranks_per_node = 0;             // 0: group ranks into nodes by host
   std::string socket_ifname;          // empty: loopback within a host, else first up interface
   std::string link_costs_file;        // empty: measure link costs at group creation
+  // The payload of one frame of a group's host operations, the same on every channel: the
+  // smaller chunk where the group uses TCP anywhere.
+  size_t frame_bytes(bool group_uses_tcp) const {
+    return group_uses_tcp && tcp_chunk_bytes < shm_chunk_bytes ? tcp_chunk_bytes : shm_chunk_bytes;
+  }
   size_t shm_chunk_bytes = 0;
   size_t tcp_chunk_bytes = 0;
   size_t cuda_chunk_bytes = 0;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,12 @@ class Store {
   // Atomically adds `delta` to the integer at `key` (created as 0) and returns the result.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
+
+// The values of `keys`, in order, in two requests to the store: one wait for them all (until
+// `deadline`) and one read. A key still missing then is a Timeout error with `missing(i)`,
+// the caller's words for the first missing key, keys[i].
+std::vector<std::string> get_all(Store& store, const std::vector<std::string>& keys, const Deadline& deadline,
+                                 const std::function<std::string(size_t)>& missing);
 
 // Publishes `mine` under `prefix` for `rank` and returns every rank's value, in rank order,
 // in three requests to the store. A rank that has not published by `deadline` is a Timeout

@@ -197,15 +197,13 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   spin_ = setup.spin;
   setup.deadline = Deadline::after(timeout_);
   channels_.assign(size_, nullptr);
-  chunk_bytes_ = config_.shm_chunk_bytes;
   // Every rank computes the same shm/tcp split for every pair, so all agree on whether
-  // TCP is in use anywhere in the group and hence on chunk_bytes_.
-  bool group_uses_tcp = false;
-  for (const PeerInfo& a : ranks_)
-    for (const PeerInfo& b : ranks_)
-      if (a.rank != b.rank && (config_.transport == TransportChoice::Tcp || a.host_key != b.host_key || a.node != b.node))
-        group_uses_tcp = true;
-  if (group_uses_tcp) chunk_bytes_ = std::min(chunk_bytes_, config_.tcp_chunk_bytes);
+  // TCP is in use anywhere in the group (some pair is on different hosts or nodes exactly
+  // when some rank differs from rank 0) and hence on chunk_bytes_.
+  bool group_uses_tcp = size_ > 1 && config_.transport == TransportChoice::Tcp;
+  for (const PeerInfo& p : ranks_)
+    if (p.host_key != ranks_[0].host_key || p.node != ranks_[0].node) group_uses_tcp = true;
+  chunk_bytes_ = config_.frame_bytes(group_uses_tcp);
   group_uses_tcp_ = group_uses_tcp;
 
   // Transports are created in the same order on every rank, each only where it has

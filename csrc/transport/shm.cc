@@ -275,16 +275,14 @@ class ShmTransport final : public Transport {
     remove_orphaned_segments();
     create_own_segment(s.rank);
     const auto key = [&](const char* what, int rank) { return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank); };
-    // Every peer's value of `what`, in s.peers order: one wait and one read of the store.
+    // Every peer's value of `what`, in s.peers order.
     const auto from_peers = [&](const char* what) {
       std::vector<std::string> keys;
       for (int p : s.peers) keys.push_back(key(what, p));
-      if (!s.store->wait(keys, s.deadline.remaining()))
-        for (size_t i = 0; i < keys.size(); ++i)
-          if (!s.store->check(keys[i]))
-            fail(ErrorKind::Timeout, "pycomm: shared-memory set-up timed out waiting for " +
-                                         s.ranks[s.peers[i]].describe() + " (its '" + what + "')");
-      return s.store->multi_get(keys);
+      return get_all(*s.store, keys, s.deadline, [&](size_t i) {
+        return "pycomm: shared-memory set-up timed out waiting for " + s.ranks[s.peers[i]].describe() + " (its '" +
+               what + "')";
+      });
     };
     s.store->set(key("name", s.rank), own_.name);
     if (arena_) s.store->set(key("arena", s.rank), arena_->allocate(layout_.arena_bytes()));

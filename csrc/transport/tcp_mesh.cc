@@ -321,18 +321,9 @@ class Mesh::Impl {
     addresses_.resize(s_.size);
     address_texts_.resize(s_.size);
     if (lower.empty()) return;
-    bool all = false;
-    try {
-      all = s_.store->wait(keys, s_.deadline.remaining());
-    } catch (const std::exception& e) {
-      fail(ErrorKind::Timeout, "pycomm: no TCP address from " + s_.ranks[lower.front()].describe() + ": " + e.what());
-    }
-    if (!all)
-      for (size_t i = 0; i < lower.size(); ++i)
-        if (!s_.store->check(keys[i]))
-          fail(ErrorKind::Timeout, "pycomm: no TCP address from " + s_.ranks[lower[i]].describe() +
-                                       " (it never published one)");
-    const std::vector<std::string> texts = s_.store->multi_get(keys);
+    const std::vector<std::string> texts = get_all(*s_.store, keys, s_.deadline, [&](size_t i) {
+      return "pycomm: no TCP address from " + s_.ranks[lower[i]].describe() + " (it never published one)";
+    });
     for (size_t i = 0; i < lower.size(); ++i) {
       const int p = lower[i];
       const auto addr = parse_address(texts[i]);
