@@ -271,6 +271,17 @@ std::optional<Communicator::Choices> ProcessGroupPycomm::run(Launch& l) {
   return first;
 }
 
+void ProcessGroupPycomm::complete(PycommWork& work, Launch& l) {
+  try {
+    if (const auto ran = run(l)) work.set_choices(*ran);
+    work.complete(nullptr);
+  } catch (const Error& e) {
+    work.complete(torch_exception(e));
+  } catch (...) {
+    work.complete(std::current_exception());
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, const char* title, Launch&& l,
                                                           bool blocking, int lane) {
   validate(l, title);
@@ -282,22 +293,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   }
   for (Request& rq : l.requests)
     if (rq.collective == Collective::Recv && rq.root == kAnySource) rq.source = &work->source;
-  auto job = std::make_shared<Launch>(std::move(l));
-  auto task = [this, work, job] {
-    try {
-      if (const auto ran = run(*job)) work->set_choices(*ran);
-      work->complete(nullptr);
-    } catch (const Error& e) {
-      work->complete(torch_exception(e));
-    } catch (...) {
-      work->complete(std::current_exception());
-    }
-  };
   // Small operations run eagerly even when asynchronous: they are latency-bound, so a
-  // hand-off to the worker thread would cost more than it could overlap.
+  // hand-off to the worker thread would cost more than it could overlap. Run here, the
+  // Launch needs no copy on the heap.
   const bool eager = blocking || bytes <= comm_->config().eager_bytes;
-  if (eager && lane == Engine::kOrdered) engine_->run_or_submit(std::move(task));
-  else engine_->submit(std::move(task), lane);
+  if (eager && lane == Engine::kOrdered && engine_->try_run([&] { complete(*work, l); })) return work;
+  auto job = std::make_shared<Launch>(std::move(l));
+  engine_->submit([this, work, job] { complete(*work, *job); }, lane);
   return work;
 }
 

@@ -149,6 +149,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void validate(Launch& l, const char* title);
   // Executes the requests, then the copy-backs; returns what ran the first request.
   std::optional<Communicator::Choices> run(Launch& l);
+  // Runs `l` and completes `work` with its outcome.
+  void complete(PycommWork& work, Launch& l);
 
   std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;

@@ -27,10 +27,6 @@ void Engine::submit(std::function<void()> task, int lane) {
   changed_.notify_all();
 }
 
-void Engine::run_or_submit(std::function<void()> task) {
-  if (!try_run(task)) submit(std::move(task));
-}
-
 bool Engine::try_run(const std::function<void()>& task) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -28,12 +28,10 @@ class Engine {
 
   // `task` must not throw; it reports its own outcome. `lane` >= 0 names a p2p lane.
   void submit(std::function<void()> task, int lane = kOrdered);
-  // Runs an ordered `task` on the calling thread if nothing is queued or running (a
-  // blocking call then costs no thread hand-off), else queues it; the order is the same.
-  void run_or_submit(std::function<void()> task);
-  // Runs `task` on the calling thread, as run_or_submit() would, and returns true; or,
-  // when something is queued or running, returns false without running it. Exceptions
-  // from `task` propagate to the caller.
+  // Runs an ordered `task` on the calling thread and returns true if nothing is queued or
+  // running (a blocking call then costs no thread hand-off; the order is the same as
+  // submitting it); else returns false without running it. Exceptions from `task`
+  // propagate to the caller.
   bool try_run(const std::function<void()>& task);
 
  private:
