@@ -97,7 +97,7 @@ def _report(args, rounds):
 
     try:
         from mpi4py import MPI
-        mpi_version = MPI.Get_library_version().splitlines()[0]
+        mpi_version = MPI.Get_library_version().rstrip("\0 \n").splitlines()[0]
     except Exception as e:  # reported, not fatal: the table says which MPI ran
         mpi_version = f"unknown ({e})"
     names = [c for c in CONTENDERS if c in rounds[0]]
