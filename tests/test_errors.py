@@ -354,3 +354,37 @@ def test_ranks_differing_in_a_shared_knob_fail_at_group_creation_naming_it():
         assert "PYCOMM_CUDA_FLAG_BYTES=%s where rank %d (this rank) has %s" % (theirs, rank, mine) in r["msg"], r
         assert r["elapsed"] < KNOB_PG_TIMEOUT_S / 2, "rank %d waited %.1f s instead of failing at once" % (
             rank, r["elapsed"])
+
+
+def peer_exits_before_connecting_world(rank, ws, passed_dir):
+    """Over TCP a rank connects at creation only to the ranks at power-of-two ring distances:
+    at 8 ranks, rank 3 and rank 0 have no connection until an operation between them. Rank
+    3 (which would connect to rank 0) is killed; rank 0 waits for it in a recv meanwhile."""
+    import os
+    import signal
+
+    dist.barrier()
+    # Rank 3 dies once every rank has left the barrier: a socket closed with unread input
+    # resets the connection, and could take the barrier's last frame from a slower rank.
+    open(os.path.join(passed_dir, str(rank)), "w").close()
+    if rank == 3:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(passed_dir)) < ws and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank != 0:
+        time.sleep(10)  # stays connected past rank 0's check, and takes no part in it
+        return None
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        dist.recv(torch.empty(4), src=3)
+    return time.monotonic() - started, str(info.value)
+
+
+@pytest.mark.skipif(is_gloo(), reason="pycomm's failure detection")
+def test_peer_of_this_host_that_exits_before_connecting_fails_the_wait_at_once(tmp_path):
+    results = run_world(peer_exits_before_connecting_world, 8, args=(str(tmp_path),), env={"PYCOMM_TRANSPORT": "tcp"},
+                        pg_timeout=60, timeout=120, expect_killed=(3,))
+    seconds, message = results[0]
+    assert seconds < 10, (seconds, message)
+    assert "rank 3" in message and "exited before it connected" in message, message

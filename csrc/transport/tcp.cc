@@ -79,6 +79,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/peer_watch.h"
 #include "transport/tcp_socket.h"
 #include "transport/transport.h"
 
@@ -138,8 +139,8 @@ class TcpTransport;
 
 class TcpChannel final : public Channel {
  public:
-  TcpChannel(TcpTransport* t, const PeerInfo& peer, size_t chunk, size_t depth)
-      : t_(t), peer_(peer), chunk_(chunk), depth_(depth),
+  TcpChannel(TcpTransport* t, const PeerInfo& peer, bool same_host, size_t chunk, size_t depth)
+      : t_(t), peer_(peer), same_host_(same_host), chunk_(chunk), depth_(depth),
         out_mem_(allocate_slots(chunk * depth)), in_mem_(allocate_slots(chunk * depth)),
         out_hdr_(depth), in_hdr_(depth) {}
 
@@ -162,7 +163,8 @@ class TcpChannel final : public Channel {
   void throw_if_failed(bool sending) const;
   // Asks the I/O thread for this channel's connection if it has none yet; with mu_ held.
   void want_connection_locked();
-  // Sleeps one slice; throws Timeout once `deadline` has passed.
+  // Sleeps one slice; throws Timeout once `deadline` has passed, PeerFailure once a peer of
+  // this host that never connected has exited.
   void sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what);
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what,
@@ -170,6 +172,7 @@ class TcpChannel final : public Channel {
 
   TcpTransport* const t_;
   const PeerInfo peer_;
+  const bool same_host_;  // peer_.pid names a process this rank can watch
   Fd sock_;  // I/O thread only, once connected
   const size_t chunk_, depth_;
   const Slots out_mem_, in_mem_;
@@ -209,7 +212,8 @@ class TcpTransport final : public Transport {
     if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
     channels_.resize(s.size);
     for (int p : s.peers)
-      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.config->tcp_chunk_bytes,
+      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].host_key == s.ranks[s.rank].host_key,
+                                                  s.config->tcp_chunk_bytes,
                                                   static_cast<size_t>(s.config->pipeline_depth));
     mesh_ = std::make_unique<tcp::Mesh>(s, eager_peers(s));
     attach_connected();
@@ -349,6 +353,10 @@ void TcpChannel::want_connection_locked() {
 }
 
 void TcpChannel::sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what) {
+  // A peer that exits before it connects leaves no socket to fail; on this host its
+  // process tells. Watched per slice, so that no descriptor is held between waits.
+  if (!connected_ && same_host_ && PeerWatch(peer_.pid).exited())
+    fail(ErrorKind::PeerFailure, peer_.describe() + " exited before it connected over TCP");
   if (deadline.expired())
     fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe() + " over TCP" +
                                  (connected_ ? "" : " (not connected: " + pending_ + ")"));
