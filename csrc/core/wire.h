@@ -57,6 +57,8 @@ struct PeerInfo {
   std::string hostname;
   std::string host_key;   // equal only for processes that can share memory
   std::string describe() const;  // "rank 2 (pid 1234 on host-a)"
+  // Whether the two processes can share memory, and each can watch the other's pid.
+  bool shares_host_with(const PeerInfo& other) const { return host_key == other.host_key; }
 };
 
 // Throws a Mismatch error unless `got` is a Data frame for exactly `expect`'s operation and

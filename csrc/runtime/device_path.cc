@@ -28,7 +28,7 @@ Communicator::DevicePath& Communicator::device_path(int device) {
   setup.spin = spin_;
   setup.deadline = Deadline::after(timeout_);
   for (const PeerInfo& p : ranks_)
-    if (p.rank != rank_ && p.host_key == ranks_[rank_].host_key && config_.transport != TransportChoice::Tcp)
+    if (p.rank != rank_ && p.shares_host_with(ranks_[rank_]) && config_.transport != TransportChoice::Tcp)
       setup.peers.push_back(p.rank);
   if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, runtime.make_slot_arena(device));
   if (path->ipc && setup.peers.size() + 1 == static_cast<size_t>(size_) && config_.cuda_flag_bytes)

@@ -173,7 +173,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   std::vector<int> shm_peers, tcp_peers;
   int local_ranks = 0;
   for (const PeerInfo& p : ranks_) {
-    const bool same_host = p.host_key == ranks_[rank_].host_key;
+    const bool same_host = p.shares_host_with(ranks_[rank_]);
     local_ranks += same_host;
     if (p.rank == rank_) continue;
     const bool same_node = same_host && p.node == ranks_[rank_].node;
@@ -202,7 +202,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   // when some rank differs from rank 0) and hence on chunk_bytes_.
   bool group_uses_tcp = size_ > 1 && config_.transport == TransportChoice::Tcp;
   for (const PeerInfo& p : ranks_)
-    if (p.host_key != ranks_[0].host_key || p.node != ranks_[0].node) group_uses_tcp = true;
+    if (!p.shares_host_with(ranks_[0]) || p.node != ranks_[0].node) group_uses_tcp = true;
   chunk_bytes_ = config_.frame_bytes(group_uses_tcp);
   group_uses_tcp_ = group_uses_tcp;
 

@@ -212,9 +212,8 @@ class TcpTransport final : public Transport {
     if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
     channels_.resize(s.size);
     for (int p : s.peers)
-      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].host_key == s.ranks[s.rank].host_key,
-                                                  s.config->tcp_chunk_bytes,
-                                                  static_cast<size_t>(s.config->pipeline_depth));
+      channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].shares_host_with(s.ranks[s.rank]),
+                                                  s.config->tcp_chunk_bytes, static_cast<size_t>(s.config->pipeline_depth));
     mesh_ = std::make_unique<tcp::Mesh>(s, eager_peers(s));
     attach_connected();
     io_ = std::thread([this] { io_main(); });

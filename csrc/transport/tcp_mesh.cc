@@ -99,9 +99,8 @@ std::string ipv4_text(const in_addr& a) {
 in_addr listen_address(const TransportSetup& s) {
   in_addr loopback{};
   loopback.s_addr = htonl(INADDR_LOOPBACK);
-  const std::string& mine = s.ranks[s.rank].host_key;
   if (std::all_of(s.peers.begin(), s.peers.end(),
-                  [&](int p) { return s.ranks[p].host_key == mine; }))
+                  [&](int p) { return s.ranks[p].shares_host_with(s.ranks[s.rank]); }))
     return loopback;
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) fail(ErrorKind::Internal, errno_message("pycomm: getifaddrs"));
