@@ -101,7 +101,8 @@ core-test: $(CPP_TESTS)
 # test with a failing status (halt_on_error; UBSan cannot recover, being compiled with
 # -fno-sanitize-recover), and so fails the target; so does a leak at exit (LeakSanitizer)
 # or a test that outlives SANITIZE_TIMEOUT seconds. Slower code gets 10x the timing
-# bounds of the tests (PYCOMM_TEST_SLACK). tests/cpp/tsan.supp is where a TSan report
+# bounds of the tests (PYCOMM_TEST_SLACK), and the scale test runs 32 ranks, not 128
+# (PYCOMM_SCALE_RANKS). tests/cpp/tsan.supp is where a TSan report
 # shown to be a false positive would go, with its reason (none so far).
 SANITIZE_TIMEOUT ?= 300
 asan_ENV := ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1 \
@@ -123,7 +124,7 @@ if [ "$$bits" -gt 28 ]; then \
 fi; \
 for t in $($(1)_TESTS); do \
   echo "$$t ($(1))"; start=$$(date +%s); \
-  $($(1)_ENV) PYCOMM_TEST_SLACK=10 timeout -k 10 $(SANITIZE_TIMEOUT) $$run $$t; rc=$$?; \
+  $($(1)_ENV) PYCOMM_TEST_SLACK=10 PYCOMM_SCALE_RANKS=32 timeout -k 10 $(SANITIZE_TIMEOUT) $$run $$t; rc=$$?; \
   echo "$$t ($(1)): exit status $$rc, $$(( $$(date +%s) - start )) s"; \
   if [ $$rc -ne 0 ]; then \
     [ $$rc -eq 124 ] && echo "make sanitize: $$t ran past $(SANITIZE_TIMEOUT) s" >&2; \

@@ -112,6 +112,125 @@ def test_recv_from_any_source_fails_when_a_sender_dies(transport):
 
 
 # --------------------------------------------------------------------------------------
+# point-to-point matched by (source, tag)
+# --------------------------------------------------------------------------------------
+
+def _tagged(sender, tag, numel):
+    return torch.arange(numel, dtype=torch.float32) + 1000.0 * sender + 100.0 * tag
+
+
+def out_of_order_tags_world(rank, ws, numel):
+    """Rank 0 sends tag 1 then tag 2; rank 1 posts the receive of tag 2 first. Through
+    pycomm's group and a Gloo group in the same processes: both deliver both, each to the
+    receive of its tag. Then blocking receives in the other order than the blocking sends,
+    which pycomm serves (the first message waits aside for its recv) and Gloo does not (its
+    send waits for the matching recv: both ranks block until the timeout)."""
+    gloo = dist.new_group(backend="gloo")
+    got = {}
+    for name, group in (("pycomm", None), ("gloo", gloo)):
+        if rank == 0:
+            works = [dist.isend(_tagged(0, tag, numel), 1, group=group, tag=tag) for tag in (1, 2)]
+            for w in works:
+                w.wait()
+        elif rank == 1:
+            x, y = torch.empty(numel), torch.empty(numel)
+            works = [dist.irecv(x, 0, group=group, tag=2), dist.irecv(y, 0, group=group, tag=1)]
+            for work in works:
+                work.wait()
+            got[name] = (x, y)
+        dist.barrier(group=gloo)
+    if rank == 0:
+        dist.send(_tagged(0, 3, numel), 1, tag=3)
+        dist.send(_tagged(0, 4, numel), 1, tag=4)
+        return True
+    z, w = torch.empty(numel), torch.empty(numel)
+    dist.recv(w, 0, tag=4)
+    dist.recv(z, 0, tag=3)
+    assert torch.equal(z, _tagged(0, 3, numel)) and torch.equal(w, _tagged(0, 4, numel))
+    for ours, theirs, tag in zip(got["pycomm"], got["gloo"], (2, 1)):
+        assert torch.equal(theirs, _tagged(0, tag, numel)), tag
+        assert torch.equal(ours, theirs), tag
+    return True
+
+
+@pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("numel", [1000, 150_000])  # one frame; several shm frames (600 KB)
+def test_receives_match_sends_by_tag_as_on_gloo(transport, numel):
+    assert run_world(out_of_order_tags_world, 2, args=(numel,), env={"PYCOMM_TRANSPORT": transport},
+                     timeout=120) == [True, True]
+
+
+def any_source_behind_other_tag_world(rank, ws):
+    """Rank 1 sends tag 5, then tag 6; rank 0 receives tag 6 from any source first, then tag
+    5 from rank 1, on pycomm's group and on a Gloo group: the same values and source."""
+    gloo = dist.new_group(backend="gloo")
+    got = {}
+    for name, group in (("pycomm", None), ("gloo", gloo)):
+        if rank == 1:  # asynchronous: Gloo's send would wait for the recv of its tag
+            works = [dist.isend(_tagged(1, tag, 10), 0, group=group, tag=tag) for tag in (5, 6)]
+            for w in works:
+                w.wait()
+        elif rank == 0:
+            six, five = torch.empty(10), torch.empty(10)
+            source = dist.recv(six, group=group, tag=6)
+            dist.recv(five, 1, group=group, tag=5)
+            got[name] = (source, six, five)
+        dist.barrier(group=gloo)
+    if rank == 0:
+        (s_ours, six_ours, five_ours), (s_gloo, six_gloo, five_gloo) = got["pycomm"], got["gloo"]
+        assert s_ours == s_gloo == 1
+        assert torch.equal(six_gloo, _tagged(1, 6, 10)) and torch.equal(five_gloo, _tagged(1, 5, 10))
+        assert torch.equal(six_ours, six_gloo) and torch.equal(five_ours, five_gloo)
+    return True
+
+
+@pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_any_source_receive_behind_a_message_of_another_tag(transport):
+    assert run_world(any_source_behind_other_tag_world, 2, env={"PYCOMM_TRANSPORT": transport},
+                     timeout=120) == [True, True]
+
+
+def tag_mismatch_world(rank, ws):
+    """The same tag, a different dtype: an error naming the send and the recv."""
+    if rank == 0:
+        dist.send(torch.ones(10), 1, tag=3)
+        return None
+    with pytest.raises(RuntimeError) as info:
+        dist.recv(torch.empty(10, dtype=torch.float64), 0, tag=3)
+    return str(info.value)
+
+
+@pytest.mark.skipif(is_gloo(), reason="pycomm's message")
+def test_same_tag_different_dtype_is_an_error_naming_send_and_recv():
+    message = run_world(tag_mismatch_world, 2, pg_timeout=20, timeout=90)[1]
+    assert "send #0 (float32, 10 elements, tag 3)" in message, message
+    assert "recv #0 (float64, 10 elements, tag 3)" in message, message
+
+
+def send_then_exit_world(rank, ws):
+    """Rank 0 sends to rank 3 (not a neighbour: over TCP, not connected at creation), its
+    send completes, it destroys its group and exits; rank 3 receives 8 s later."""
+    if rank == 0:
+        dist.send(_tagged(0, 0, 1024), 3)
+        dist.destroy_process_group()
+        return True
+    if rank == 3:
+        time.sleep(8)
+        t = torch.empty(1024)
+        dist.recv(t, 0)
+        return torch.equal(t, _tagged(0, 0, 1024))
+    return True
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_completed_send_is_delivered_after_its_sender_exits(transport):
+    assert run_world(send_then_exit_world, 6, env={"PYCOMM_TRANSPORT": transport},
+                     timeout=120) == [True] * 6
+
+
+# --------------------------------------------------------------------------------------
 # sparse all-reduce
 # --------------------------------------------------------------------------------------
 

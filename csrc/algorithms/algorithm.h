@@ -23,6 +23,8 @@
 
 namespace pycomm {
 
+class Inbox;
+
 // PYCOMM_DEBUG=TRACE: a log line for each frame a rank sends or receives.
 struct FrameTrace {
   std::string prefix;  // "pycomm: group 'g' rank r: "
@@ -52,6 +54,7 @@ struct Context {
   const FrameTrace* trace = nullptr;      // PYCOMM_DEBUG=TRACE; null: off
   Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
   DeviceTeam* device_team = nullptr;      // the group's device team on this memory; null: none
+  Inbox* inbox = nullptr;                 // a recv's: its peer's pair (see p2p.h), held by it
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }

@@ -52,16 +52,25 @@ static std::string field_out_of_range(const OpStamp& op) {
   return "";
 }
 
+void check_well_formed(const FrameHeader& got, const PeerInfo& peer) {
+  if (got.magic != kFrameMagic || got.kind != static_cast<uint16_t>(FrameKind::Data))
+    fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe());
+  // `got` came off the wire: only a stamp whose fields are all in range is described.
+  const std::string bad = field_out_of_range(got.op);
+  if (!bad.empty()) fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe() + ": " + bad);
+}
+
+void fail_mismatch(const OpStamp& theirs, const OpStamp& mine, const PeerInfo& peer) {
+  fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(theirs) + " but this rank is in " +
+                                describe(mine) + ": ranks called different collectives or arguments");
+}
+
 void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer) {
   if (got.magic != kFrameMagic || got.kind != static_cast<uint16_t>(FrameKind::Data))
     fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe());
   if (!(got.op == expect.op)) {
-    // `got` came off the wire: only a stamp whose fields are all in range is described.
-    const std::string bad = field_out_of_range(got.op);
-    if (!bad.empty()) fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe() + ": " + bad);
-    fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(got.op) +
-                                  " but this rank is in " + describe(expect.op) +
-                                  ": ranks called different collectives or arguments");
+    check_well_formed(got, peer);
+    fail_mismatch(got.op, expect.op, peer);
   }
   if (got.bytes != expect.bytes)
     fail(ErrorKind::Mismatch, peer.describe() + " sent " + std::to_string(got.bytes) +

@@ -64,5 +64,11 @@ struct PeerInfo {
 // Throws a Mismatch error unless `got` is a Data frame for exactly `expect`'s operation and
 // size. Shared by every transport so that they report mismatches alike.
 void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer);
+// Throws a Mismatch error ("malformed frame") unless `got` is a Data frame whose stamp
+// describe() can print: what may be trusted of a frame before it is matched.
+void check_well_formed(const FrameHeader& got, const PeerInfo& peer);
+// Throws the Mismatch error of `peer` being in operation `theirs` where this rank is in
+// `mine`.
+[[noreturn]] void fail_mismatch(const OpStamp& theirs, const OpStamp& mine, const PeerInfo& peer);
 
 }  // namespace pycomm

@@ -36,7 +36,10 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   fault_ = FaultInjector::make(faults, rank_);
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // A later transport may ring a doorbell that lives in an earlier one's memory.
+  while (!transports_.empty()) transports_.pop_back();
+}
 
 
 Context Communicator::context() const {
@@ -198,39 +201,39 @@ std::string Communicator::dump_flight_recorder(const std::string& reason, const 
 }
 
 int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held) {
-  // No channel offers a wait on several peers at once (a futex per shm ring, a condition
-  // per TCP transport), so this polls, sleeping between rounds from 20 us up to 1 ms: a
-  // waiting receiver costs no core, whatever the ranks per core. A peer whose receive
-  // side is busy (a recv named for it is running) is skipped: that recv takes its frames.
-  // A peer that can send no more (it left, failed or aborted) is skipped too: the recv
-  // fails with the first such failure only once no peer is left that could send.
+  // Looks at every peer, then sleeps on the doorbell until something arrives or a recv
+  // named for a peer lets go of it (a slice at most: peers' liveness is checked per look).
+  // A peer whose receive side is busy (a recv named for it is running) is skipped: that
+  // recv holds the messages of other tags aside and rings on leaving. A peer that can send
+  // no more (it left, failed or aborted) is skipped too: the recv fails with the first
+  // such failure only once no peer is left that could send.
   std::vector<char> gone(size_, 0);
   int left = size_ - 1;
   std::optional<Error> first_failure;
-  auto pause = std::chrono::microseconds(20);
   for (;;) {
+    const uint32_t rang = doorbell_.arm();
+    struct Disarm {
+      const Doorbell& bell;
+      ~Disarm() { bell.disarm(); }
+    } disarm{doorbell_};
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || gone[p]) continue;
       std::unique_lock<std::mutex> lock(receiving_[p], std::try_to_lock);
       if (!lock) continue;
-      std::optional<FrameHeader> next;
       try {
-        next = channels_[p]->peek_recv();
+        if (inboxes_[p].offers(*channels_[p], tag)) {
+          held = std::move(lock);
+          return p;
+        }
       } catch (const Error& e) {
         gone[p] = 1;
         if (!first_failure) first_failure = e;
         if (--left == 0) throw *first_failure;
-        continue;
-      }
-      if (next && next->op.collective == static_cast<uint8_t>(Collective::Send) && next->op.root == tag) {
-        held = std::move(lock);
-        return p;
       }
     }
     if (cx.deadline.expired())
       fail(ErrorKind::Timeout, "timed out waiting for a send with tag " + std::to_string(tag) + " from any rank");
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    doorbell_.wait(rang, std::min(std::chrono::milliseconds(kLivenessSlice), cx.deadline.remaining() + std::chrono::milliseconds(1)));
   }
 }
 
@@ -239,6 +242,7 @@ void Communicator::receive_from_any(Context& cx, const Request& rq) {
   Request matched = rq;
   matched.root = await_sender(cx, rq.tag, held);
   cx.stamp.seq = recvs_from_[matched.root]++;
+  cx.inbox = &inboxes_[matched.root];
   p2p_recv(cx, matched);
   if (rq.source) *rq.source = matched.root;
 }
@@ -256,7 +260,18 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
   std::unique_lock<std::mutex> receiving;
   if (rq.collective == Collective::Recv && rq.root != kAnySource)
     receiving = std::unique_lock<std::mutex>(receiving_[rq.root]);
+  // Letting go of it rings the doorbell: a recv from any source may be waiting for it.
+  struct LetGo {
+    std::unique_lock<std::mutex>& lock;
+    const Doorbell& bell;
+    ~LetGo() {
+      if (!lock.owns_lock()) return;
+      lock.unlock();
+      bell.ring();
+    }
+  } let_go{receiving, doorbell_};
   Context cx = context();
+  if (receiving) cx.inbox = &inboxes_[rq.root];
   if (rq.device >= 0) {
     // The plan depends on the device's team, which the first operation on the device sets up.
     if (poisoned()) fail_poisoned(name_of(rq.collective));
@@ -336,6 +351,7 @@ bool Communicator::abort(const std::string& reason) {
     }
   }
   abort_transports(reason);
+  doorbell_.ring();
   return first;
 }
 

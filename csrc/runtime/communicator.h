@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/p2p.h"
+#include "core/doorbell.h"
 #include "core/config.h"
 #include "runtime/recorder.h"
 #include "runtime/plan.h"
@@ -96,9 +98,9 @@ class Communicator {
   // no description), fail_poisoned fails with PeerFailure, naming `operation`.
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   void fail_poisoned(const std::string& operation);
-  // A recv from kAnySource: waits for the first peer whose next frame is a send with the
-  // recv's tag, returns it with `held` locking its receive side; Timeout at the deadline,
-  // a peer's failure once every peer has failed or left.
+  // A recv from kAnySource: waits for the first peer that offers a message with the recv's
+  // tag (Inbox::offers), returns it with `held` locking its receive side; Timeout at the
+  // deadline, a peer's failure once every peer has failed or left.
   int await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held);
   void receive_from_any(Context& cx, const Request& rq);
   // The stamp's operation as a log line: "group 'g': allreduce #3 (...)".
@@ -131,14 +133,21 @@ class Communicator {
   std::vector<PeerInfo> ranks_;
   Topology topology_;
   LinkCosts costs_;
-  std::vector<std::unique_ptr<Transport>> transports_;
+  // Rung for every frame that arrives and when a pair's receive side is let go: a recv
+  // from any source sleeps on it. In the shm transport's segment when there is one (the
+  // senders of this host ring it there), else in own_doorbell_. Outlives the transports.
+  std::unique_ptr<DoorbellWord> own_doorbell_;
+  Doorbell doorbell_;
+  std::vector<std::unique_ptr<Transport>> transports_;  // destroyed last to first
   std::vector<Channel*> channels_;
   size_t chunk_bytes_ = 0;
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   // Held by a recv while it takes frames from that peer: a recv named for the peer (its
-  // lane) and a recv from any source (its own lane) may both want them.
+  // lane) and a recv from any source (its own lane) may both want them. Guards the
+  // peer's inbox.
   std::unique_ptr<std::mutex[]> receiving_;
+  std::vector<Inbox> inboxes_;  // by peer
   std::unique_ptr<Perturbation> perturb_;        // PYCOMM_TEST_PERTURB; null when unset
   std::unique_ptr<FaultInjector> fault_;         // PYCOMM_FAULT for this rank; null when none
   std::unique_ptr<FrameTrace> frame_trace_;      // PYCOMM_DEBUG=TRACE; null otherwise

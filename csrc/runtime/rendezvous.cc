@@ -208,12 +208,21 @@ void Communicator::connect(Store& store, const std::string& prefix) {
 
   // Transports are created in the same order on every rank, each only where it has
   // peers; set-up waits only on peers that create the same transport.
+  // The doorbell: the shm transport's when there is one, which comes first.
+  own_doorbell_ = std::make_unique<DoorbellWord>();
+  doorbell_ = Doorbell(own_doorbell_.get());
+  setup.linger = timeout_;
   for (bool shm : {true, false}) {
     setup.peers = shm ? shm_peers : tcp_peers;
     if (setup.peers.empty()) continue;
+    setup.doorbell = doorbell_;
     transports_.push_back(shm ? make_shm_transport(setup) : make_tcp_transport(setup));
+    if (DoorbellWord* word = transports_.back()->doorbell()) doorbell_ = Doorbell(word);
     for (int p : setup.peers) channels_[p] = transports_.back()->channel(p);
   }
+  // Messages received ahead of their recv: at most what the pair's slots hold.
+  for (int p = 0; p < size_; ++p)
+    inboxes_.emplace_back(channels_[p] ? channels_[p]->chunk_bytes() * static_cast<size_t>(config_.pipeline_depth) : 0);
   calibrate(store, prefix);
   if (config_.log_level >= LogLevel::Info) {
     std::ostringstream os;

@@ -14,7 +14,8 @@
 // after it is done with the slot; the sender loads head with acquire before reusing it.
 //
 // Waiting: spin for SpinPolicy::spin, then sleep on a futex on the counter, in slices of
-// kLivenessSlice. A waker skips the futex syscall unless the `sleeping` flag is set; both
+// kLivenessSlice. A sender also rings the receiver's doorbell (in the receiver's segment),
+// for a recv from any source that waits on all its channels at once. A waker skips the futex syscall unless the `sleeping` flag is set; both
 // sides order flag and counter with seq_cst fences (Dekker), and FUTEX_WAIT re-checks the
 // counter in the kernel, so no wake-up is lost. Before waiting, a waiter checks its own
 // segment's abort flag; between slices, the deadline, both segments' abort flags and
@@ -26,11 +27,9 @@
 // during set-up can leave a segment: set-up removes segments whose creator pid is gone.
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +64,7 @@ struct SegmentHeader {
   uint64_t depth;
   alignas(64) std::atomic<uint32_t> aborted;
   char reason[kReasonBytes];
+  DoorbellWord doorbell;  // the owner's: rung by every peer that publishes a frame to it
 };
 
 struct RingControl {
@@ -73,8 +73,6 @@ struct RingControl {
   alignas(64) std::atomic<uint32_t> receiver_sleeping;
   std::atomic<uint32_t> sender_sleeping;
 };
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain words");
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -94,11 +92,6 @@ struct Layout {
            (index % depth) * slot_bytes();
   }
 };
-
-long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
-}
-void futex_wake_all(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE, INT32_MAX, nullptr); }
 
 // ThreadSanitizer keys synchronisation by address, and each side reaches a ring's counters
 // through its own mapping of the segment, at another address than its peer's: TSan cannot
@@ -176,9 +169,10 @@ class ShmChannel final : public Channel {
              size_t out_ring, Payloads out, Mapping* theirs, size_t in_ring, Payloads in)
       : transport_(t), peer_(peer), layout_(layout), mine_(mine), theirs_(theirs),
         out_(layout.control(mine->base, out_ring)), in_(layout.control(theirs->base, in_ring)),
-        out_ring_(out_ring), in_ring_(in_ring), out_payloads_(out), in_payloads_(in), watch_(peer.pid) {}
+        out_ring_(out_ring), in_ring_(in_ring), out_payloads_(out), in_payloads_(in), watch_(peer.pid),
+        peer_doorbell_(&theirs->header()->doorbell) {}
 
-  int peer() const override { return peer_.rank; }
+  const PeerInfo& peer_info() const override { return peer_; }
   size_t chunk_bytes() const override { return layout_.chunk_bytes; }
 
   void* begin_send(const Deadline& deadline) override {
@@ -195,16 +189,14 @@ class ShmChannel final : public Channel {
     out_->tail.store(++sent_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (out_->receiver_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&out_->tail);
+    peer_doorbell_.ring();
   }
 
-  const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override {
+  const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override {
     wait_for(in_->tail, in_->receiver_sleeping, deadline, "receive from", [&] {
       return in_->tail.load(std::memory_order_acquire) != received_;
     });
-    const char* slot = layout_.slot(theirs_->base, in_ring_, received_);
-    FrameHeader got;
-    std::memcpy(&got, slot, sizeof got);
-    check_frame(got, expect, peer_);
+    std::memcpy(&got, layout_.slot(theirs_->base, in_ring_, received_), sizeof got);
     tsan_acquire(in_payload(received_));
     return in_payload(received_);
   }
@@ -252,6 +244,7 @@ class ShmChannel final : public Channel {
   uint32_t sent_ = 0;      // frames this rank published on its outbound ring
   uint32_t received_ = 0;  // frames this rank consumed from its inbound ring
   PeerWatch watch_;
+  Doorbell peer_doorbell_;
 };
 
 class ShmTransport final : public Transport {
@@ -332,6 +325,7 @@ class ShmTransport final : public Transport {
   }
 
   const char* name() const override { return arena_ ? arena_->kind() : "shm"; }
+  DoorbellWord* doorbell() override { return &own_.header()->doorbell; }
   Channel* channel(int peer) override {
     return peer >= 0 && peer < static_cast<int>(channels_.size()) ? channels_[peer].get() : nullptr;
   }
@@ -438,8 +432,7 @@ void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sl
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready()) break;
     const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(kLivenessSlice));
-    timespec ts{static_cast<time_t>(slice.count() / 1000), static_cast<long>(slice.count() % 1000) * 1000000L};
-    futex(&word, FUTEX_WAIT, seen, &ts);
+    futex_wait(&word, seen, slice);
     if (ready()) break;
   }
   sleeping.store(0, std::memory_order_relaxed);

@@ -5,10 +5,11 @@
 // Sending: begin_send() reserves the host slot and hands out the device staging slot;
 // end_send() copies the payload into the host slot and publishes it, after which the
 // host transport moves it (TCP: its own thread) while the caller goes on with the next
-// chunk's device work. Receiving: begin_recv() copies the host payload into the device
+// chunk's device work. Receiving: begin_recv_next() copies the host payload into the device
 // staging slot and returns the host slot at once, so the next frame can arrive while the
 // caller reduces this one. Algorithms hold one frame per channel and direction, so one
 // staging slot per direction suffices.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -26,7 +27,7 @@ class StagedChannel final : public Channel {
     for (const Channel::Memory& m : host.slot_memory()) pinned_.push_back(ops.pin(m.data, m.bytes));
   }
 
-  int peer() const override { return host_.peer(); }
+  const PeerInfo& peer_info() const override { return host_.peer_info(); }
   size_t chunk_bytes() const override { return host_.chunk_bytes(); }
 
   void* begin_send(const Deadline& deadline) override {
@@ -37,9 +38,9 @@ class StagedChannel final : public Channel {
     ops_.copy(host_send_slot_, send_slot_.get(), header.bytes);
     host_.end_send(header);
   }
-  const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override {
-    const void* payload = host_.begin_recv(expect, deadline);
-    ops_.copy(recv_slot_.get(), payload, expect.bytes);
+  const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override {
+    const void* payload = host_.begin_recv_next(got, deadline);
+    ops_.copy(recv_slot_.get(), payload, std::min<size_t>(got.bytes, host_.chunk_bytes()));
     host_.end_recv();
     return recv_slot_.get();
   }

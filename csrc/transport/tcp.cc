@@ -5,10 +5,10 @@
 // distance around the ring of ranks (r +- 1, 2, 4, ...), which the ring, the dissemination
 // barrier and the link-cost calibration at creation use: O(log n) of them. Every other
 // connection is made when a channel is first used: begin_send(), begin_recv() or
-// peek_recv() asks the I/O thread for it, and the pair's higher rank connects (the lower
-// one accepts whenever it comes). Until then frames sent wait in the channel's slots, as
-// they would for a slow reader. A rank thus holds a socket for each peer its operations
-// have used, plus one listener.
+// peek_recv() asks the I/O thread for it, which connects at once unless the peer's own
+// connection comes first. Until then frames sent wait in the channel's slots, as they
+// would for a slow reader. A rank thus holds a socket for each peer its operations or its
+// peers' have used, plus one listener.
 //
 // Wire. Each frame is a FrameHeader (48 bytes) followed by `bytes` payload bytes: Data
 // frames carry at most chunk_bytes(); an Abort frame carries the reason (<= 1 KiB, shown
@@ -34,7 +34,8 @@
 // Threads and waiting. The I/O thread blocks in poll() on every socket it can make progress
 // on plus an eventfd; end_send()/end_recv() write the eventfd only when the I/O thread is
 // not already polling for the progress they enable. Compute threads spin per SpinPolicy,
-// then sleep on a condition variable in slices of at most kLivenessSlice.
+// then sleep on a condition variable in slices of at most kLivenessSlice. The I/O thread
+// also rings the rank's doorbell (TransportSetup::doorbell) for each frame that arrives.
 //
 // Failure. abort(reason) marks the transport aborted (every wait throws the reason at once)
 // and wakes the I/O thread, which finishes the frame it is in the middle of writing, sends
@@ -46,8 +47,10 @@
 // slot is full is noticed through POLLRDHUP: sends to it fail at once, and the kernel's
 // receive queue is peeked for an Abort frame so that the reason still arrives.
 //
-// Shutdown. The destructor lets the I/O thread hand every committed frame to the kernel
-// (at most kLinger; skipped when aborted), shuts the sockets down, joins it and closes every
+// Shutdown. The destructor lets the I/O thread hand every committed frame to the kernel,
+// connecting where it must (a completed send is delivered even when its sender leaves at
+// once), for at most TransportSetup::linger (the group's timeout; skipped when aborted),
+// says what it gave up on, shuts the sockets down, joins it and closes every
 // descriptor. Descriptors are owned by Fd objects, so a constructor that throws part-way
 // closes everything it opened.
 #include <arpa/inet.h>
@@ -91,7 +94,6 @@ using tcp::poll_timeout_ms;
 
 constexpr size_t kMaxReason = 1024;                       // Abort frame payload cap
 constexpr std::chrono::seconds kAbortFlush{1};            // to deliver Abort frames
-constexpr std::chrono::seconds kLinger{5};                // to flush committed frames on destroy
 constexpr size_t kMaxPeek = size_t{64} << 20;             // receive queue scanned for an Abort
 constexpr size_t kMaxDrain = size_t{64} << 20;            // unread input dropped before close
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
@@ -144,11 +146,11 @@ class TcpChannel final : public Channel {
         out_mem_(allocate_slots(chunk * depth)), in_mem_(allocate_slots(chunk * depth)),
         out_hdr_(depth), in_hdr_(depth) {}
 
-  int peer() const override { return peer_.rank; }
+  const PeerInfo& peer_info() const override { return peer_; }
   size_t chunk_bytes() const override { return chunk_; }
   void* begin_send(const Deadline& deadline) override;
   void end_send(const FrameHeader& header) override;
-  const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) override;
+  const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override;
   void end_recv() override;
   std::optional<FrameHeader> peek_recv() override;
   std::vector<Memory> slot_memory() const override {
@@ -206,7 +208,7 @@ class TcpChannel final : public Channel {
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(const TransportSetup& s) : spin_(s.spin) {
+  explicit TcpTransport(const TransportSetup& s) : spin_(s.spin), doorbell_(s.doorbell), linger_(s.linger) {
     validate(s);
     wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
@@ -322,8 +324,13 @@ class TcpTransport final : public Transport {
   std::optional<std::string> peek_abort_reason(TcpChannel& c);
   void fail_channel(TcpChannel& c, ErrorKind kind, const std::string& what);
   void socket_error(TcpChannel& c, int err);
+  // Says, once the destructor's wait is over, which peers never got frames of completed
+  // sends; with mu_ held.
+  void log_undelivered_locked() const;
 
   const SpinPolicy spin_;
+  const Doorbell doorbell_;  // rung when a frame arrives or a channel fails
+  const std::chrono::milliseconds linger_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> events_{0};  // bumped on every change of guarded state (for spinning)
@@ -410,19 +417,13 @@ void TcpChannel::end_send(const FrameHeader& header) {
   if (wake) t_->wake_io();
 }
 
-const void* TcpChannel::begin_recv(const FrameHeader& expect, const Deadline& deadline) {
+const void* TcpChannel::begin_recv_next(FrameHeader& got, const Deadline& deadline) {
   // Frames already complete are delivered even after the channel failed.
-  FrameHeader got;
-  const char* slot;
-  {
-    std::unique_lock<std::mutex> lk(t_->mu_);
-    want_connection_locked();
-    wait(lk, deadline, "receive from", false, [&] { return filled_ != released_; });
-    got = in_hdr_[released_ % depth_];
-    slot = in_slot(released_);
-  }
-  check_frame(got, expect, peer_);
-  return slot;
+  std::unique_lock<std::mutex> lk(t_->mu_);
+  want_connection_locked();
+  wait(lk, deadline, "receive from", false, [&] { return filled_ != released_; });
+  got = in_hdr_[released_ % depth_];
+  return in_slot(released_);
 }
 
 std::optional<FrameHeader> TcpChannel::peek_recv() {
@@ -469,7 +470,7 @@ void TcpTransport::io_main() {
 // io_wants_*); poll; move bytes. Normal mode reads into free inbound slots and writes
 // committed outbound frames. After abort(): finish the frame in flight, send the Abort
 // frame, shut down (kAbortFlush at most). After the destructor asked to stop: keep going
-// until every committed frame is in the kernel (kLinger at most), then shut down writing.
+// until every committed frame is in the kernel (linger_ at most), then shut down writing.
 void TcpTransport::io_loop() {
   constexpr auto kNever = Clock::time_point::max();
   std::vector<pollfd> fds;
@@ -494,7 +495,7 @@ void TcpTransport::io_loop() {
           if (c && !c->dead_)
             c->abort_frame_ = std::string(reinterpret_cast<const char*>(&h), sizeof h) + reason;
       } else if (stopping_ && !aborted_ && finish_by == kNever) {
-        finish_by = now + kLinger;
+        finish_by = now + linger_;
       }
       const bool lingering = stopping_ && !aborted_;
       bool busy = false;
@@ -524,6 +525,7 @@ void TcpTransport::io_loop() {
       }
       const bool flushed = (abort_begun_ || lingering) && !busy;
       if (flushed || now >= finish_by) {
+        if (lingering && !flushed) log_undelivered_locked();
         for (TcpChannel* c : polled) ::shutdown(c->sock_.get(), flushed && lingering ? SHUT_WR : SHUT_RDWR);
         return;
       }
@@ -621,6 +623,7 @@ void TcpTransport::read_ready(TcpChannel& c) {
         changed_locked();
       }
       cv_.notify_all();
+      doorbell_.ring();
     }
   }
 }
@@ -777,6 +780,17 @@ void TcpTransport::socket_error(TcpChannel& c, int err) {
   fail_channel(c, ErrorKind::PeerFailure, "connection to " + c.peer_.describe() + " lost: " + std::strerror(err));
 }
 
+void TcpTransport::log_undelivered_locked() const {
+  for (const auto& c : channels_) {
+    if (!c || c->dead_ || c->written_ == c->committed_) continue;
+    log_line("pycomm: TCP: " + std::to_string(c->committed_ - c->written_) + " frame(s) of completed sends to " +
+             c->peer_.describe() + " not delivered within " + std::to_string(linger_.count()) +
+             " ms of the group's end (" +
+             (c->connected_ ? std::string("the peer did not read them") : "not connected: " + c->pending_) +
+             "): they are lost");
+  }
+}
+
 // Ends the stream: no more I/O on this socket. Frames already complete stay readable.
 void TcpTransport::fail_channel(TcpChannel& c, ErrorKind kind, const std::string& what) {
   c.dead_ = true;
@@ -790,6 +804,7 @@ void TcpTransport::fail_channel(TcpChannel& c, ErrorKind kind, const std::string
     changed_locked();
   }
   cv_.notify_all();
+  doorbell_.ring();
 }
 
 }  // namespace

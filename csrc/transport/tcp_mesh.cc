@@ -1,17 +1,22 @@
 // The TCP transport's connections: one authenticated connection per pair of peers, made
 // when the group is created for the eager peers and when first used for the others.
 //
-// Set-up. Every rank that expects connections (it has a higher peer) listens on one IPv4
-// address (127.0.0.1 when all its peers share its host, else PYCOMM_SOCKET_IFNAME's
-// address, else the first up non-loopback interface's), on an ephemeral port, for the
-// group's life, and publishes "addr:port" under <key_prefix>/tcp/addr/<rank>; then it
-// reads every lower peer's address at once. For each pair the higher rank connects to the
-// lower one. Before any frame the connector sends a Hello {magic, version, from, to,
-// secret}; the acceptor checks every field (to == self, from is a higher peer not yet
-// connected, the secret matches, compared in constant time) and answers with an Ack
-// carrying its own rank and the secret, which the connector checks in turn. A connection
-// failing any check is closed; the acceptor keeps accepting, so a stranger can neither take
-// a peer's place nor stop the group from forming. Connects, accepts and handshakes all
+// Set-up. Every rank with peers listens on one IPv4 address (127.0.0.1 when all its peers
+// share its host, else PYCOMM_SOCKET_IFNAME's address, else the first up non-loopback
+// interface's), on an ephemeral port, for the group's life, and publishes "addr:port"
+// under <key_prefix>/tcp/addr/<rank>; then it reads every peer's address at once. At
+// creation the higher rank of each eager pair connects to the lower one. Afterwards
+// whichever rank of a pair wants the connection first connects, so that a send never waits
+// for its receiver to act; when both try at once, the higher rank's connection is kept:
+// the higher rank refuses the lower one's (a Nack) while its own is in flight, and the
+// lower rank drops its own attempt when the higher one's arrives. Before any frame the
+// connector sends a Hello {magic, version, from, to, secret}; the acceptor checks every
+// field (to == self, from is a peer neither connected nor handshaking, the secret
+// matches, compared in constant time) and answers with an Ack (or a Nack) carrying its
+// own rank and the secret, which the connector checks in turn. A connection failing any
+// check is closed; the acceptor keeps accepting, and keeps room for a handshake from every
+// peer at once besides kSpareHandshakes strangers', so a stranger can neither take a
+// peer's place nor stop the group from forming. Connects, accepts and handshakes all
 // progress together in one poll() loop: set-up's, then the I/O thread's.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -37,8 +42,9 @@ namespace {
 
 constexpr uint32_t kHelloMagic = 0x70634843;  // "pcHC": connector -> acceptor
 constexpr uint32_t kAckMagic = 0x70634841;    // "pcHA": acceptor -> connector
-constexpr uint32_t kProtocolVersion = 1;
-constexpr size_t kMaxPendingHandshakes = 32;              // unauthenticated connections kept
+constexpr uint32_t kNackMagic = 0x7063484e;   // "pcHN": acceptor -> connector, its own one wins
+constexpr uint32_t kProtocolVersion = 2;
+constexpr size_t kSpareHandshakes = 32;  // unauthenticated connections kept beyond one per peer
 constexpr std::chrono::seconds kHandshakeTimeout{10};     // for an accepted connection's Hello
 constexpr std::chrono::milliseconds kMaxRetryDelay{500};  // between connect attempts
 
@@ -157,26 +163,26 @@ void set_nodelay(int fd) {
 
 }  // namespace
 
-// Connects to lower ranks and accepts higher ones, all sockets non-blocking and progressed
+// Connects to peers and accepts their connections, all sockets non-blocking and progressed
 // together: by set-up's own poll() loop until the eager peers are connected, then by the
 // transport's I/O thread, whose poll() includes poll_set()'s entries.
 class Mesh::Impl {
  public:
   explicit Impl(const TransportSetup& s)
-      : s_(s), peer_(s.size, 0), expected_(s.size, 0), claimed_(s.size, 0), connected_(s.size, 0),
-        outgoing_of_(s.size, -1) {
+      : s_(s), peer_(s.size, 0), claimed_(s.size, 0), connected_(s.size, 0), outgoing_of_(s.size, -1),
+        max_handshakes_(s.peers.size() + kSpareHandshakes) {
     if (s.secret.size() > kMaxSecret)
       fail(ErrorKind::InvalidArgument, "pycomm: the group secret is longer than " + std::to_string(kMaxSecret) + " bytes");
-    for (int p : s.peers) {
-      peer_[p] = 1;
-      if (p > s.rank) expected_[p] = 1;
-    }
-    if (std::any_of(s.peers.begin(), s.peers.end(), [&](int p) { return p > s.rank; })) listen_on(listen_address(s));
-    read_lower_addresses();
+    for (int p : s.peers) peer_[p] = 1;
+    if (!s.peers.empty()) listen_on(listen_address(s));
+    addresses_.resize(s_.size);
+    address_texts_.resize(s_.size);
+    read_addresses([&](int p) { return p < s_.rank; });
   }
 
+  // Starts connecting to `p` unless a connection exists or is being made, either way.
   void want(int p) {
-    if (p < 0 || p >= s_.size || !peer_[p] || p > s_.rank || connected_[p] || outgoing_of_[p] >= 0) return;
+    if (p < 0 || p >= s_.size || !peer_[p] || connected_[p] || claimed_[p] || outgoing_of_[p] >= 0) return;
     Outgoing o;
     o.peer = p;
     o.addr = addresses_[p];
@@ -209,7 +215,7 @@ class Mesh::Impl {
       wake = std::min(wake, i.since + kHandshakeTimeout);
       fds.push_back({i.fd.get(), static_cast<short>(i.phase == Phase::Sending ? POLLOUT : POLLIN), 0});
     }
-    polled_listener_ = listener_ && incoming_left() > 0;
+    polled_listener_ = listener_ && unconnected() > 0;
     if (polled_listener_) fds.push_back({listener_.get(), POLLIN, 0});
     return wake;
   }
@@ -227,16 +233,15 @@ class Mesh::Impl {
   std::vector<std::pair<int, std::string>> take_refused() { return std::exchange(refused_, {}); }
 
   std::string pending(int p) const {
-    if (p < s_.rank) {
-      if (outgoing_of_[p] < 0) return "no connection attempted yet";
-      const Outgoing& o = out_[outgoing_of_[p]];
-      return "connecting to " + o.addr_text + ", last error: " + o.last_error;
-    }
-    return "it has not connected to " + listen_text_;
+    if (outgoing_of_[p] < 0) return "it has not connected to " + listen_text_ + ", nor this rank to it";
+    const Outgoing& o = out_[outgoing_of_[p]];
+    return "connecting to " + o.addr_text + ", last error: " + o.last_error;
   }
 
+  // The higher rank of each eager pair connects; the lower one waits for it.
   void connect_eagerly(const std::vector<int>& eager) {
-    for (int p : eager) want(p);
+    for (int p : eager)
+      if (p < s_.rank) want(p);
     std::vector<char> waiting(s_.size, 0);
     for (int p : eager) waiting[p] = 1;
     const auto left = [&] {
@@ -253,13 +258,16 @@ class Mesh::Impl {
       if (n < 0 && errno != EINTR) fail(ErrorKind::Internal, errno_message("pycomm: poll"));
       if (n > 0) progress(fds.data());
     }
+    // The higher peers' addresses, for connections on demand: read once this rank has
+    // served its eager peers (a higher one connects before it waits for anyone).
+    read_addresses([&](int p) { return p > s_.rank; });
     created_ = true;
   }
 
  private:
   enum class Phase { Idle, Connecting, Sending, Receiving, Done };
 
-  struct Outgoing {  // this rank -> a lower rank
+  struct Outgoing {  // this rank -> a peer
     int peer;
     sockaddr_in addr;
     std::string addr_text;
@@ -275,16 +283,23 @@ class Mesh::Impl {
   struct Incoming {  // an accepted connection, not yet authenticated
     Fd fd;
     Phase phase = Phase::Receiving;
-    Hello hello, ack;
+    Hello hello, ack;  // ack: an Ack, or a Nack that closes the connection once sent
     size_t off = 0;
     int peer = -1;  // once its Hello was accepted
     Clock::time_point since;
   };
 
-  size_t incoming_left() const {
+  size_t unconnected() const {
     size_t n = 0;
-    for (int p = 0; p < s_.size; ++p) n += expected_[p] && !connected_[p] ? 1 : 0;
+    for (int p = 0; p < s_.size; ++p) n += peer_[p] && !connected_[p] ? 1 : 0;
     return n;
+  }
+
+  // An attempt of this rank's own to `p` that has a socket (or waits to retry).
+  Outgoing* attempt_to(int p) {
+    if (outgoing_of_[p] < 0) return nullptr;
+    Outgoing& o = out_[outgoing_of_[p]];
+    return o.phase == Phase::Done ? nullptr : &o;
   }
 
   void connected(int p, Fd fd) {
@@ -311,20 +326,19 @@ class Mesh::Impl {
 
   std::string key(int rank) const { return s_.key_prefix + "/tcp/addr/" + std::to_string(rank); }
 
-  // Every lower peer's address, in one wait and one read of the store.
-  void read_lower_addresses() {
-    std::vector<int> lower;
+  // The addresses of the peers `which` selects, in one wait and one read of the store.
+  template <class Which>
+  void read_addresses(Which which) {
+    std::vector<int> peers;
     std::vector<std::string> keys;
     for (int p : s_.peers)
-      if (p < s_.rank) lower.push_back(p), keys.push_back(key(p));
-    addresses_.resize(s_.size);
-    address_texts_.resize(s_.size);
-    if (lower.empty()) return;
+      if (which(p)) peers.push_back(p), keys.push_back(key(p));
+    if (keys.empty()) return;
     const std::vector<std::string> texts = get_all(*s_.store, keys, s_.deadline, [&](size_t i) {
-      return "pycomm: no TCP address from " + s_.ranks[lower[i]].describe() + " (it never published one)";
+      return "pycomm: no TCP address from " + s_.ranks[peers[i]].describe() + " (it never published one)";
     });
-    for (size_t i = 0; i < lower.size(); ++i) {
-      const int p = lower[i];
+    for (size_t i = 0; i < peers.size(); ++i) {
+      const int p = peers[i];
       const auto addr = parse_address(texts[i]);
       if (!addr)
         fail(ErrorKind::Mismatch, "pycomm: " + s_.ranks[p].describe() + " published an invalid TCP address '" +
@@ -334,7 +348,7 @@ class Mesh::Impl {
     }
   }
 
-  // Once the group exists, every lower peer listens until it leaves: a refused connection
+  // Once the group exists, every peer listens until it leaves: a refused connection
   // means it has gone, and the channel fails now rather than at its deadline. During
   // set-up a refusal is retried (the eager peers' errors name it at the set-up deadline).
   bool gone(Outgoing& o, int err) {
@@ -402,6 +416,12 @@ class Mesh::Impl {
       o.off += static_cast<size_t>(n);
       if (o.off < sizeof o.reply) return;
       const Hello& r = o.reply;
+      if (r.from_rank == o.peer && handshake_valid(r, kNackMagic, s_.rank, s_.secret)) {
+        o.fd.reset();  // the peer's own connection, in flight, is the pair's
+        o.phase = Phase::Done;
+        o.last_error = "refused in favour of its own connection to this rank, not arrived yet";
+        return;
+      }
       if (!(handshake_valid(r, kAckMagic, s_.rank, s_.secret) && r.from_rank == o.peer))
         return retry_later(o, "invalid handshake reply");
       connected(o.peer, std::move(o.fd));
@@ -426,7 +446,7 @@ class Mesh::Impl {
       // frees the rank it claimed, nor wastes the eviction.
       prune();
       in_.push_back(std::move(i));
-      if (in_.size() > kMaxPendingHandshakes) drop(in_.front()), in_.erase(in_.begin());
+      if (in_.size() > max_handshakes_) drop(in_.front()), in_.erase(in_.begin());
     }
   }
 
@@ -451,14 +471,20 @@ class Mesh::Impl {
       i.off += static_cast<size_t>(n);
       if (i.off < sizeof i.hello) return;
       const Hello& h = i.hello;
-      const bool from_ok = h.from_rank > s_.rank && h.from_rank < s_.size && expected_[h.from_rank] &&
-                           !claimed_[h.from_rank] && !connected_[h.from_rank];
+      const int from = h.from_rank;
+      const bool from_ok = from >= 0 && from < s_.size && peer_[from] && !claimed_[from] && !connected_[from];
       if (!(handshake_valid(h, kHelloMagic, s_.rank, s_.secret) && from_ok)) return drop(i);
-      i.peer = h.from_rank;
-      claimed_[i.peer] = 1;
-      i.ack = make_hello(kAckMagic, s_.rank, i.peer, s_.secret);
-      i.phase = Phase::Sending;
       i.off = 0;
+      i.phase = Phase::Sending;
+      Outgoing* mine = attempt_to(from);
+      if (mine && mine->fd && s_.rank > from) {
+        i.ack = make_hello(kNackMagic, s_.rank, from, s_.secret);  // this rank's own one wins
+      } else {
+        if (mine) mine->fd.reset(), mine->phase = Phase::Done;  // the peer's wins
+        i.peer = from;
+        claimed_[from] = 1;
+        i.ack = make_hello(kAckMagic, s_.rank, from, s_.secret);
+      }
     }
     if (i.phase == Phase::Sending) {
       const ssize_t n = ::send(i.fd.get(), reinterpret_cast<char*>(&i.ack) + i.off,
@@ -469,6 +495,7 @@ class Mesh::Impl {
       }
       i.off += static_cast<size_t>(n);
       if (i.off < sizeof i.ack) return;
+      if (i.peer < 0) return drop(i);      // a Nack delivered
       connected(i.peer, std::move(i.fd));  // leaves i.fd empty: erased next round
     }
   }
@@ -480,7 +507,7 @@ class Mesh::Impl {
     for (int p = 0; p < s_.size; ++p) {
       if (!waiting[p] || connected_[p]) continue;
       os << (first ? "" : "; ") << s_.ranks[p].describe();
-      if (p < s_.rank) {
+      if (outgoing_of_[p] >= 0) {
         const Outgoing& o = out_[outgoing_of_[p]];
         os << " at " << o.addr_text << " (last error: " << o.last_error << ")";
       } else {
@@ -493,18 +520,18 @@ class Mesh::Impl {
 
   const TransportSetup s_;              // a copy: the mesh outlives set-up
   std::vector<char> peer_;              // ranks served by this transport
-  std::vector<char> expected_;          // higher peers: they connect to this rank
-  std::vector<char> claimed_;           // expected ranks whose Hello was accepted
+  std::vector<char> claimed_;           // peers whose Hello was accepted, Ack not yet sent
   std::vector<char> connected_;         // authenticated sockets handed over
-  std::vector<int> outgoing_of_;        // index in out_ of each lower peer wanted, else -1
-  std::vector<sockaddr_in> addresses_;  // of the lower peers
+  std::vector<int> outgoing_of_;        // index in out_ of each peer wanted, else -1
+  const size_t max_handshakes_;         // unauthenticated connections kept at once
+  std::vector<sockaddr_in> addresses_;  // of the peers
   std::vector<std::string> address_texts_;
   Fd listener_;
   std::string listen_text_;
   std::vector<Outgoing> out_;
   std::vector<Incoming> in_;
   std::vector<std::pair<int, Fd>> done_;
-  std::vector<std::pair<int, std::string>> refused_;  // lower peers found gone, and how
+  std::vector<std::pair<int, std::string>> refused_;  // peers found gone, and how
   bool created_ = false;                // the eager peers are connected: set-up is over
   std::vector<size_t> polled_out_;      // of the last poll_set(), in order
   size_t polled_in_ = 0;

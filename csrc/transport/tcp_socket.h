@@ -48,11 +48,11 @@ class Fd {
 };
 
 // The authenticated, non-blocking connections of one rank to the peers of a TransportSetup,
-// one per pair, the higher rank connecting to the lower one's listener. Made at creation
-// for `eager` peers (a set that must be symmetric: p lists this rank where it lists p), on
-// demand for the others: want(p) starts connecting to a lower peer; a higher peer connects
-// when it wants. Construction listens where a higher peer may connect, publishes its
-// address and reads every lower peer's (one wait and one read of the store, whatever the
+// one per pair. Made at creation for `eager` peers (a set that must be symmetric: p lists
+// this rank where it lists p), the higher rank of each pair connecting to the lower one's
+// listener; on demand for the others: want(p) starts connecting to p, and p may connect
+// first (tcp_mesh.cc says which connection a pair keeps). Construction listens, publishes
+// its address and reads every peer's (one wait and one read of the store, whatever the
 // number of peers), then returns once every eager peer is connected, or throws: a Timeout
 // at the set-up deadline naming who never connected, an InvalidArgument for a bad
 // interface or secret. Afterwards one thread (the transport's I/O thread) drives it:

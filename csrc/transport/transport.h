@@ -23,6 +23,7 @@
 
 #include "core/config.h"
 #include "core/deadline.h"
+#include "core/doorbell.h"
 #include "core/store.h"
 #include "core/wire.h"
 
@@ -31,14 +32,24 @@ namespace pycomm {
 class Channel {
  public:
   virtual ~Channel() = default;
-  virtual int peer() const = 0;
+  virtual const PeerInfo& peer_info() const = 0;
+  int peer() const { return peer_info().rank; }
   virtual size_t chunk_bytes() const = 0;
   // The next free outbound slot (chunk_bytes() writable bytes).
   virtual void* begin_send(const Deadline& deadline) = 0;
   // Publishes the slot from begin_send(); `header.bytes` payload bytes were written.
   virtual void end_send(const FrameHeader& header) = 0;
+  // The payload of the next inbound frame, whatever operation it belongs to, its header
+  // in `got` as it arrived: the caller checks it (as check_frame does) before it trusts
+  // the payload.
+  virtual const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) = 0;
   // The payload of the next inbound frame, after check_frame(got, expect).
-  virtual const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) = 0;
+  const void* begin_recv(const FrameHeader& expect, const Deadline& deadline) {
+    FrameHeader got;
+    const void* payload = begin_recv_next(got, deadline);
+    check_frame(got, expect, peer_info());
+    return payload;
+  }
   // Returns the slot from begin_recv() to the sender.
   virtual void end_recv() = 0;
   // The header of the next inbound frame if it has arrived, without consuming it; never
@@ -64,6 +75,10 @@ class Transport {
   // Fails every wait on this transport, here and (best effort) at the peers, with `reason`.
   // Safe to call from any thread, more than once.
   virtual void abort(const std::string& reason) = 0;
+  // The doorbell this rank's peers ring when they publish a frame to it through this
+  // transport (see doorbell.h), where the transport hosts one (in its shared memory);
+  // null: it rings TransportSetup::doorbell instead.
+  virtual DoorbellWord* doorbell() { return nullptr; }
 };
 
 // Device memory for the slot payloads of a shared-memory transport (CUDA IPC): each rank
@@ -95,6 +110,10 @@ struct TransportSetup {
   size_t chunk_bytes = 0;          // shm payload bytes per slot; 0: PYCOMM_SHM_CHUNK_BYTES
   SpinPolicy spin;
   Deadline deadline;               // for connection set-up
+  // How long the destructor waits for the frames of completed sends to reach the peers
+  // (a group's: its timeout).
+  std::chrono::milliseconds linger{5000};
+  Doorbell doorbell;               // rung for every frame that arrives (transports that host none)
 };
 
 // `payloads`: slot payloads in device memory (see SlotArena); null: in the shared segment.

@@ -31,6 +31,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "transport/transport.h"
+#include "barrier.h"
 #include "memory_store.h"
 #include "test_ranks.h"
 
@@ -83,27 +84,6 @@ Error catch_error(const std::function<void()>& body) {
   }
   return Error(ErrorKind::Internal, "no error was thrown");
 }
-
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(mu_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen_ != gen; });
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
 
 // One group of `n` ranks sharing a store, a config and a secret.
 struct Group {
@@ -259,18 +239,19 @@ int open_descriptors() {
 // (2b) Connections on demand. Of 8 ranks, each connects at creation to the 5 at a
 // power-of-two distance around the ring (20 pairs, 40 sockets in this process); the
 // all-to-all then needs the 8 other pairs, made on first use, 16 sockets more, and nothing
-// more when it runs again. Until the higher rank of a pair uses it, the lower one's
-// receive times out saying that the peer has not connected.
+// more when it runs again. The lower rank of a pair connects as soon as it uses the pair,
+// even to receive: its receive then times out waiting for data, not for a connection.
 void test_connections_on_demand() {
   constexpr int n = 8;
   Group g(n, 4096, 2);
-  Barrier created(n + 1), probed(n), done(n + 1), counted(n + 1);
+  Barrier created(n + 1), counted_created(n + 1), probed(n), done(n + 1), counted(n + 1);
   const int before = open_descriptors();
   std::thread counter([&] {
     created.wait();
     const int made = open_descriptors() - before;
-    // 40 sockets, 8 eventfds, 7 listeners (rank 7 has no higher peer).
-    CHECK_MSG(made == 40 + 8 + 7, std::to_string(made) + " descriptors after creation");
+    // 40 sockets, 8 eventfds, 8 listeners.
+    CHECK_MSG(made == 40 + 8 + 8, std::to_string(made) + " descriptors after creation");
+    counted_created.wait();
     done.wait();
     CHECK_MSG(open_descriptors() - before == made + 16, std::to_string(open_descriptors() - before - made) +
                                                             " descriptors more after the all-to-all");
@@ -279,10 +260,15 @@ void test_connections_on_demand() {
   run_ranks(n, [&](int r) {
     auto t = g.connect(r);
     created.wait();
-    if (r == 0) {  // rank 5 (distance 3) has not used the pair yet
-      Error e = catch_error([&] { t->channel(5)->begin_recv(frame_header(5, 0, 0), Deadline::after(milliseconds(100))); });
-      CHECK_MSG(e.kind() == ErrorKind::Timeout && contains(e.what(), "not connected") &&
-                    contains(e.what(), "it has not connected"), e.what());
+    counted_created.wait();
+    if (r == 0) {  // rank 5 (distance 3) has not used the pair: rank 0 connects to receive
+      bool connected = false;
+      for (const auto start = Clock::now(); !connected && Clock::now() - start < scaled(10000);) {
+        Error e = catch_error([&] { t->channel(5)->begin_recv(frame_header(5, 0, 0), Deadline::after(milliseconds(100))); });
+        CHECK_MSG(e.kind() == ErrorKind::Timeout, e.what());
+        connected = !contains(e.what(), "not connected");
+      }
+      CHECK_MSG(connected, "rank 0's receive from rank 5 never connected the pair");
     }
     probed.wait();
     const Deadline d = Deadline::after(scaled(30000));
@@ -559,7 +545,7 @@ void test_peer_gone_while_waiting() {
 // The handshake as a stranger would send it (mirrors the wire format in tcp.cc).
 struct RawHello {
   uint32_t magic = 0x70634843;
-  uint32_t version = 1;
+  uint32_t version = 2;
   int32_t from_rank = 1;
   int32_t to_rank = 0;
   uint32_t secret_bytes = 0;
@@ -671,6 +657,7 @@ bool read_exact(int fd, void* buf, size_t n) {
 // then sends `tail` (raw bytes: frames or garbage) and finally leaves as `end` says.
 enum class End { WaitForClose, Close, Reset };
 void fake_rank1(const Group& g, const std::string& tail, End end) {
+  g.store->set(g.prefix + "/tcp/addr/1", "127.0.0.1:1");  // every rank publishes one; never used here
   const int fd = raw_connect(g.store->get(g.prefix + "/tcp/addr/0"));
   CHECK(fd >= 0);
   if (fd < 0) return;
@@ -680,7 +667,7 @@ void fake_rank1(const Group& g, const std::string& tail, End end) {
   CHECK(::send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h));
   RawHello ack;
   CHECK(read_exact(fd, &ack, sizeof ack));
-  CHECK(ack.magic == 0x70634841 && ack.version == 1 && ack.from_rank == 0 && ack.to_rank == 1);
+  CHECK(ack.magic == 0x70634841 && ack.version == 2 && ack.from_rank == 0 && ack.to_rank == 1);
   CHECK(ack.secret_bytes == g.secret.size() && std::memcmp(ack.secret, g.secret.data(), g.secret.size()) == 0);
   FrameHeader got;
   CHECK(read_exact(fd, &got, sizeof got));

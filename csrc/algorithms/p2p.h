@@ -1,0 +1,55 @@
+// Point-to-point matched by (source, tag) per pair, as Gloo does.
+//
+// A pair's channel delivers frames in send order, and a rank's sends to one peer run one
+// at a time, so each message is a contiguous run of frames: at least one, then as many as
+// its bytes need at the group's chunk size, each stamped with the sender's stamp (the
+// pair's send count as seq, the tag as root). A recv takes the first message from its peer
+// with its tag; messages of other tags in front of it move out of the slots into the
+// pair's Inbox, at most `limit` bytes of them, until a recv of their tag takes them. So
+// messages of one tag arrive in send order, and the slots never hold a message hostage.
+// A message matched to a recv must have its count and dtype; anything else (a frame of a
+// collective, another size) is a Mismatch error naming both sides' operations.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+
+namespace pycomm {
+
+// One pair's messages taken from its channel ahead of their recv. Used by one thread at a
+// time: the one that holds the pair's receive side (Communicator::receiving_).
+class Inbox {
+ public:
+  explicit Inbox(size_t limit = 0) : limit_(limit) {}
+  // Receives the next message with cx.stamp's tag into rq.output (rq.count elements of
+  // rq.dtype): a held one first, else from `ch`, holding the messages it passes.
+  void receive(const Context& cx, Channel& ch, const Request& rq);
+  // Never waits: whether a message with `tag` is held, or is at the head of `ch` once the
+  // complete messages in front of it are held (as far as the limit allows). Throws as
+  // ch.peek_recv() does once nothing can arrive and nothing of `tag` is held.
+  bool offers(Channel& ch, int tag);
+
+ private:
+  struct Held {
+    OpStamp stamp;           // the sender's
+    std::vector<char> data;  // the whole message
+    size_t got = 0;          // bytes received so far
+  };
+  // Whether `h`, the frame at the head of a channel, continues the last held message,
+  // which is incomplete (its bytes then go there); throws when that message is incomplete
+  // and `h` does not continue it.
+  bool continues_held(const FrameHeader& h, const PeerInfo& peer) const;
+  void append_to_held(Channel& ch, const FrameHeader& h, const void* payload);
+  // Whether a message stamped `op` fits beside what is held.
+  bool fits(const OpStamp& op) const;
+  void hold(Channel& ch, const FrameHeader& h, const void* payload);
+
+  std::deque<Held> held_;
+  size_t held_bytes_ = 0;
+  size_t limit_;
+};
+
+}  // namespace pycomm
