@@ -1,11 +1,13 @@
 """pycomm against Gloo on PyTorch's own distributed suite, at several world sizes.
 
-    python bench/conformance.py --world-sizes 2,3 --out bench/results/conformance.md
+    python bench/conformance.py --world-sizes 2,3,4 --out bench/results/conformance.md
 
 Runs bench/conformance_suite.py (the suite of the installed torch wheel, one process per
 backend and world size, each test spawning its ranks) for Gloo and for pycomm, then writes
 a Markdown report: the counts per backend, every test that passes on Gloo and not on
-pycomm (with pycomm's outcome and reason), and the tests left to Gloo by name with why.
+pycomm (with pycomm's outcome and reason), the tests whose Gloo-only gate the runner
+lifted for pycomm (with their outcome on each backend), and the tests left to Gloo by name
+with why.
 Exit status 1 when a test passes on Gloo and not on pycomm, other than those.
 """
 from __future__ import annotations
@@ -99,14 +101,28 @@ def report(runs: dict, world_sizes: list[int], torch_version: str) -> tuple[str,
                         if t["outcome"] == "passed" and gloo.get(name, {}).get("outcome") != "passed")
         if better:
             lines += [f"Passed on pycomm and not on Gloo: {', '.join(better)}.", ""]
-    lines += ["## Left to Gloo", ""]
+    lifted = runs[("pycomm", world_sizes[0])].get("lifted", [])
+    lines += ["## Gates lifted", "",
+              f"Tests the suite admits only for Gloo by name, run against pycomm by the runner "
+              f"(bench/conformance_suite.py), with their outcome (Gloo / pycomm) at each world size: "
+              f"{len(lifted)}.", "",
+              "| test | " + " | ".join(f"{ws} ranks" for ws in world_sizes) + " |",
+              "|---|" + "---|" * len(world_sizes)]
+    for name in lifted:
+        cells = []
+        for ws in world_sizes:
+            g = runs[("gloo", ws)]["tests"].get(name, {}).get("outcome", "not run")
+            p = runs[("pycomm", ws)]["tests"].get(name, {}).get("outcome", "not run")
+            cells.append(f"{g} / {p}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Left to Gloo", ""]
     lines += [f"- `{name}`: {why}" for name, why in EXPECTED_GAPS.items()]
     return "\n".join(lines) + "\n", unexpected
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world-sizes", default="2,3")
+    parser.add_argument("--world-sizes", default="2,3,4")
     parser.add_argument("--out", default="bench/results/conformance.md", help="the Markdown report")
     parser.add_argument("--work-dir", default="bench/out/conformance", help="per-run JSON results and logs")
     parser.add_argument("-k", dest="pattern", default="", help="only tests whose name matches this regex")

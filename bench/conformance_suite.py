@@ -45,9 +45,13 @@ if BACKEND == "pycomm":
     import pycomm  # noqa: F401  (registers the backend, in the driver and in every rank)
 
 
+# The tests whose Gloo gate _lift_gloo_gates rewrote, in the suite's order.
+LIFTED: list[str] = []
+
+
 def _lift_gloo_gates(source: str) -> str:
     """The suite's source with every decorator condition that admits Gloo by name
-    admitting pycomm too, except on the tests LEFT_GATED names."""
+    admitting pycomm too, except on the tests LEFT_GATED names; LIFTED names the tests."""
     lines = source.splitlines(keepends=True)
     out = []
     pending: list[int] = []  # indices in `out` of gate conditions since the last def
@@ -55,7 +59,8 @@ def _lift_gloo_gates(source: str) -> str:
         stripped = line.lstrip()
         if stripped.startswith("def "):
             name = stripped[4:].split("(", 1)[0]
-            if not LEFT_GATED.match(name):
+            if pending and not LEFT_GATED.match(name):
+                LIFTED.append(name)
                 for i in pending:
                     out[i] = (out[i]
                               .replace('BACKEND != "gloo"', f"BACKEND not in {GLOO_LIKE!r}")
@@ -203,7 +208,7 @@ def main() -> int:
     result = runner.run(suite)
     with open(args.json, "w") as f:
         json.dump({"backend": BACKEND, "world_size": int(os.environ["WORLD_SIZE"]),
-                   "tests": result.outcomes}, f, indent=1, sort_keys=True)
+                   "tests": result.outcomes, "lifted": LIFTED}, f, indent=1, sort_keys=True)
     return 0
 
 

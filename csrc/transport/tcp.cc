@@ -1,10 +1,11 @@
-// TCP transport: one authenticated connection per peer (tcp_mesh.cc), all driven by one
-// I/O thread per transport.
+// TCP transport: one authenticated connection per peer (tcp_mesh.cc), each channel with a
+// lock of its own, moved by the calling threads where they can and by one I/O thread per
+// transport where they cannot.
 //
 // Connections. A rank connects at creation to its eager peers: those at a power-of-two
 // distance around the ring of ranks (r +- 1, 2, 4, ...), which the ring, the dissemination
 // barrier and the link-cost calibration at creation use: O(log n) of them. Every other
-// connection is made when a channel is first used: begin_send(), begin_recv() or
+// connection is made when a channel is first used: begin_send(), begin_recv_next() or
 // peek_recv() asks the I/O thread for it, which connects at once unless the peer's own
 // connection comes first. Until then frames sent wait in the channel's slots, as they
 // would for a slow reader. A rank thus holds a socket for each peer its operations or its
@@ -19,33 +20,41 @@
 // chunk_bytes() in local memory, used as rings indexed by frame number:
 //   outbound frame f (slot f % depth): free while f >= committed_ and
 //     committed_ - written_ < depth; the compute thread's between begin_send() and
-//     end_send() (f == committed_); the I/O thread's from end_send() (++committed_) until
-//     its last byte is in the kernel (++written_), when the slot is free again.
-//   inbound frame f: the I/O thread's while it reads it (f == filled_, which it may start
-//     only when filled_ - released_ < depth); the compute thread's once complete
+//     end_send() (f == committed_); the channel's writer's from end_send() (++committed_)
+//     until its last byte is in the kernel (++written_), when the slot is free again.
+//   inbound frame f: the channel's reader's while it reads it (f == filled_, which it may
+//     start only when filled_ - released_ < depth); the compute thread's once complete
 //     (released_ <= f < filled_) until end_recv() (++released_).
-// The four counters, the failure state and the I/O thread's poll interest are guarded by
-// the transport's mutex; taking it on both sides orders slot contents with the counters.
-// When no inbound slot is free the I/O thread stops reading that socket, so TCP's flow
-// control is the back-pressure. It keeps reading every other socket, and the two
+// The writer and the reader of a channel are whichever thread holds the channel's mutex:
+// the compute thread writes a frame straight to the socket in end_send() and reads while
+// it waits in begin_recv_next(), so a message that the socket takes at once costs no
+// hand-off between threads; the I/O thread moves the rest. The mutex guards the counters,
+// the partial-frame offsets, the socket and the failure state, and orders slot contents
+// with the counters. When no inbound slot is free nobody reads that socket, so TCP's flow
+// control is the back-pressure. Every other socket keeps being read, and the two
 // directions of one socket are independent, so a rank blocked sending to A while A is
 // blocked sending to it cannot deadlock: each I/O thread drains into the other's free slots.
 //
-// Threads and waiting. The I/O thread blocks in poll() on every socket it can make progress
-// on plus an eventfd; end_send()/end_recv() write the eventfd only when the I/O thread is
-// not already polling for the progress they enable. Compute threads spin per SpinPolicy,
-// then sleep on a condition variable in slices of at most kLivenessSlice. The I/O thread
-// also rings the rank's doorbell (TransportSetup::doorbell) for each frame that arrives.
+// The I/O thread. Connected sockets are registered once with an epoll instance, edge
+// triggered; the thread polls the epoll descriptor, an eventfd and the mesh's handshakes.
+// A thread that changes a channel so that the I/O thread may have work on it (frames the
+// socket did not take, a slot freed, a connection wanted) queues the channel and writes
+// the eventfd if the queue was empty; the I/O thread then visits the channels queued or
+// reported by epoll, and no other: a wake costs the channels that changed, not all of them.
+// Compute threads spin per SpinPolicy, then sleep on the channel's condition variable in
+// slices of at most kLivenessSlice. Each frame that arrives rings the rank's doorbell
+// (TransportSetup::doorbell).
 //
 // Failure. abort(reason) marks the transport aborted (every wait throws the reason at once)
-// and wakes the I/O thread, which finishes the frame it is in the middle of writing, sends
-// an Abort frame and shuts each socket down, giving up after kAbortFlush. A received Abort
-// frame fails that channel with "<peer> aborted: <reason>". EOF, ECONNRESET and EPIPE (sends
-// use MSG_NOSIGNAL) fail the channel with "connection to <peer> lost: ...". Frames already
-// complete in inbound slots stay readable after a channel failed (a peer may send its last
-// frames and exit); everything else throws. A peer that closed its side while every inbound
-// slot is full is noticed through POLLRDHUP: sends to it fail at once, and the kernel's
-// receive queue is peeked for an Abort frame so that the reason still arrives.
+// and wakes the I/O thread, which finishes the frame each socket is in the middle of
+// writing, sends an Abort frame and shuts each socket down, giving up after kAbortFlush. A
+// received Abort frame fails that channel with "<peer> aborted: <reason>". EOF, ECONNRESET
+// and EPIPE (sends use MSG_NOSIGNAL) fail the channel with "connection to <peer> lost: ...".
+// Frames already complete in inbound slots stay readable after a channel failed (a peer
+// may send its last frames and exit); everything else throws. A peer that closed its side
+// while every inbound slot is full is noticed through EPOLLRDHUP: sends to it fail at once,
+// and the kernel's receive queue is peeked for an Abort frame so that the reason still
+// arrives.
 //
 // Shutdown. The destructor lets the I/O thread hand every committed frame to the kernel,
 // connecting where it must (a completed send is delivered even when its sender leaves at
@@ -54,11 +63,10 @@
 // descriptor. Descriptors are owned by Fd objects, so a constructor that throws part-way
 // closes everything it opened.
 #include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -75,7 +83,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -159,51 +166,75 @@ class TcpChannel final : public Channel {
 
  private:
   friend class TcpTransport;
+  using Lock = std::unique_lock<std::mutex>;
   char* out_slot(uint64_t frame) const { return out_mem_.get() + (frame % depth_) * chunk_; }
   char* in_slot(uint64_t frame) const { return in_mem_.get() + (frame % depth_) * chunk_; }
+  bool movable() const { return connected_ && !dead_; }  // with mu_ held
   // Throws if the transport was aborted or this channel can no longer do `sending`/receiving.
   void throw_if_failed(bool sending) const;
   // Asks the I/O thread for this channel's connection if it has none yet; with mu_ held.
   void want_connection_locked();
   // Sleeps one slice; throws Timeout once `deadline` has passed, PeerFailure once a peer of
   // this host that never connected has exited.
-  void sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what);
+  void sleep(Lock& lk, const Deadline& deadline, const char* what);
   template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what,
-            bool sending, Ready ready);
+  void wait(Lock& lk, const Deadline& deadline, const char* what, bool sending, Ready ready);
+
+  // The channel's side of the I/O, with mu_ held, by whichever thread holds it.
+  // Reads frames into free inbound slots until the socket has no more data, no slot is
+  // free, or the stream ends. Each header is checked as soon as it is complete.
+  void read_some();
+  // Hands committed frames to the kernel, several per sendmsg(), in order, until none is
+  // left or the socket takes no more.
+  void write_some();
+  // After abort(): completes the frame partly on the wire (the peer could not parse what
+  // follows otherwise), then sends the Abort frame and shuts the socket down.
+  void write_abort();
+  // The peer shut its side down (EPOLLRDHUP) or the connection broke (EPOLLHUP/EPOLLERR).
+  void peer_closed(uint32_t events);
+  std::optional<std::string> peek_abort_reason();
+  void socket_error(int err);
+  // Ends the stream: no more I/O on this socket. Frames already complete stay readable.
+  void fail_locked(ErrorKind kind, const std::string& what);
+  void changed() {  // guarded state changed: wake waiters
+    events_.fetch_add(1, std::memory_order_release);
+    cv_.notify_all();
+  }
 
   TcpTransport* const t_;
   const PeerInfo peer_;
   const bool same_host_;  // peer_.pid names a process this rank can watch
-  Fd sock_;  // I/O thread only, once connected
   const size_t chunk_, depth_;
   const Slots out_mem_, in_mem_;
   std::vector<FrameHeader> out_hdr_, in_hdr_;  // per slot, owned like the slot
 
-  // Guarded by TcpTransport::mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> events_{0};  // bumped on every change of guarded state (for spinning)
+  std::atomic<bool> queued_{false};  // in the transport's queue of channels to visit
+  // Guarded by mu_.
+  Fd sock_;                 // once connected
   uint64_t committed_ = 0;  // outbound frames published by end_send()
   uint64_t written_ = 0;    // outbound frames wholly handed to the kernel
   uint64_t filled_ = 0;     // inbound frames wholly received
   uint64_t released_ = 0;   // inbound frames returned by end_recv()
+  size_t out_off_ = 0;      // bytes of outbound frame written_ already sent
+  size_t in_off_ = 0;       // bytes of inbound frame filled_ already received
+  char reason_[kMaxReason] = {};  // an Abort frame's reason, while it is read
   ErrorKind error_kind_ = ErrorKind::PeerFailure;
-  std::string error_;       // non-empty once the stream is over; set only by the I/O thread
+  std::string error_;       // non-empty once the stream is over
   std::string send_error_;  // non-empty once the peer stopped reading (it closed its side)
-  bool io_wants_in_ = false;   // the I/O thread is (about to be) polling for input
-  bool io_wants_out_ = false;  // ... for output
-  bool connected_ = false;     // sock_ is set
-  bool wanted_ = false;        // an operation used the channel: connect it
-  std::string pending_;        // while wanted and not connected: why not yet
+  bool dead_ = false;       // error_ set: no more I/O
+  bool rdhup_seen_ = false; // the peer's half-close handled once
+  bool connected_ = false;  // sock_ is set
+  bool wanted_ = false;     // an operation used the channel: connect it
+  std::string pending_;     // while wanted and not connected: why not yet
 
   // I/O thread only.
   bool asked_ = false;       // the mesh was asked for the connection
-  bool dead_ = false;        // error_ set: no more I/O
   bool closed_ = false;      // abort frame delivered (or given up) and socket shut down
-  bool rdhup_seen_ = false;  // POLLRDHUP handled once; not polled for again
-  size_t out_off_ = 0;       // bytes of outbound frame written_ already sent
-  size_t in_off_ = 0;        // bytes of inbound frame filled_ already received
   std::string abort_frame_;  // header + reason, sent once the frame in flight is complete
   size_t abort_off_ = 0;
-  char reason_[kMaxReason] = {};
 };
 
 class TcpTransport final : public Transport {
@@ -212,6 +243,8 @@ class TcpTransport final : public Transport {
     validate(s);
     wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
+    epoll_fd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_fd_) fail(ErrorKind::Internal, errno_message("pycomm: epoll_create1"));
     channels_.resize(s.size);
     for (int p : s.peers)
       channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].shares_host_with(s.ranks[s.rank]),
@@ -222,10 +255,7 @@ class TcpTransport final : public Transport {
   }
 
   ~TcpTransport() override {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stopping_ = true;
-    }
+    stopping_.store(true, std::memory_order_release);
     wake_io();
     if (io_.joinable()) io_.join();
     // Unread input would make close() send a reset, which can destroy data the peer has
@@ -247,15 +277,22 @@ class TcpTransport final : public Transport {
 
   void abort(const std::string& reason) override {
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (aborted_) return;
-      aborted_ = true;
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      if (aborted_.load(std::memory_order_relaxed)) return;
       abort_reason_ = reason.empty() ? std::string("pycomm: aborted") : reason;
-      ++events_;
+      aborted_.store(true, std::memory_order_release);
     }
-    cv_.notify_all();
+    for (auto& c : channels_) {
+      if (!c) continue;
+      std::lock_guard<std::mutex> lk(c->mu_);
+      c->changed();
+    }
     wake_io();
   }
+
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Once aborted(): the reason, which is never written again.
+  const std::string& abort_reason() const { return abort_reason_; }
 
  private:
   friend class TcpChannel;
@@ -287,21 +324,22 @@ class TcpTransport final : public Transport {
     return eager;
   }
 
-  // Hands the mesh's newly authenticated sockets to their channels.
+  // Hands the mesh's newly authenticated sockets to their channels and registers them.
   void attach_connected() {
-    auto done = mesh_->take_connected();
-    if (done.empty()) return;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      for (auto& [p, fd] : done) {
-        TcpChannel& c = *channels_[p];
-        c.sock_ = std::move(fd);
-        c.connected_ = true;
-        c.pending_.clear();
-      }
-      changed_locked();
+    for (auto& [p, fd] : mesh_->take_connected()) {
+      TcpChannel& c = *channels_[p];
+      epoll_event e{};
+      e.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+      e.data.u32 = static_cast<uint32_t>(p);
+      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd.get(), &e) != 0)
+        fail(ErrorKind::Internal, errno_message("pycomm: epoll_ctl"));
+      std::lock_guard<std::mutex> lk(c.mu_);
+      c.sock_ = std::move(fd);
+      c.connected_ = true;
+      c.pending_.clear();
+      c.changed();
+      queue(c);  // frames that waited for the connection
     }
-    cv_.notify_all();
   }
 
   void wake_io() {
@@ -310,44 +348,49 @@ class TcpTransport final : public Transport {
     (void)ignored;
   }
 
-  // Records a change of guarded state for spinning waiters; called with mu_ held. The
-  // caller notifies cv_ once it has released mu_.
-  void changed_locked() { ++events_; }
+  // Asks the I/O thread to visit `c`; any thread, with or without c.mu_.
+  void queue(TcpChannel& c) {
+    if (c.queued_.exchange(true, std::memory_order_acq_rel)) return;
+    bool was_empty;
+    {
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      was_empty = queued_.empty();
+      queued_.push_back(c.peer());
+    }
+    if (was_empty) wake_io();
+  }
 
   void io_main();
   void io_loop();
-  void handle(TcpChannel& c, short revents);
-  void read_ready(TcpChannel& c);
-  void write_ready(TcpChannel& c);
-  void write_abort(TcpChannel& c);
-  void peer_closed(TcpChannel& c, short revents);
-  std::optional<std::string> peek_abort_reason(TcpChannel& c);
-  void fail_channel(TcpChannel& c, ErrorKind kind, const std::string& what);
-  void socket_error(TcpChannel& c, int err);
+  // The I/O thread's visit of one channel, for epoll's `events` (0: it was queued).
+  void visit(TcpChannel& c, uint32_t events, std::vector<int>& to_connect);
+  // Whether every channel has handed its committed frames over (lingering) or its Abort
+  // frame (aborting); refreshes why unconnected channels are not connected yet.
+  bool flushed();
   // Says, once the destructor's wait is over, which peers never got frames of completed
-  // sends; with mu_ held.
-  void log_undelivered_locked() const;
+  // sends.
+  void log_undelivered();
 
   const SpinPolicy spin_;
   const Doorbell doorbell_;  // rung when a frame arrives or a channel fails
   const std::chrono::milliseconds linger_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> events_{0};  // bumped on every change of guarded state (for spinning)
-  bool aborted_ = false;             // guarded by mu_
-  std::string abort_reason_;         // guarded by mu_
-  bool stopping_ = false;            // guarded by mu_
-  bool abort_begun_ = false;         // I/O thread only
-  Fd wake_fd_;
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;          // written once, before aborted_
+  std::atomic<bool> stopping_{false};
+  bool abort_begun_ = false;          // I/O thread only
+  Fd wake_fd_, epoll_fd_;
   std::vector<std::unique_ptr<TcpChannel>> channels_;  // by rank; fixed after construction
   std::unique_ptr<tcp::Mesh> mesh_;                    // I/O thread only, after construction
+  std::mutex queue_mu_;
+  std::vector<int> queued_;  // channels to visit, guarded by queue_mu_
   std::thread io_;
 };
 
 // ---- Channel: the compute thread's side. ----
 
 void TcpChannel::throw_if_failed(bool sending) const {
-  if (t_->aborted_) fail(ErrorKind::PeerFailure, t_->abort_reason_);
+  if (t_->aborted()) fail(ErrorKind::PeerFailure, t_->abort_reason());
   if (!error_.empty()) fail(error_kind_, error_);
   if (sending && !send_error_.empty()) fail(ErrorKind::PeerFailure, send_error_);
 }
@@ -355,10 +398,10 @@ void TcpChannel::throw_if_failed(bool sending) const {
 void TcpChannel::want_connection_locked() {
   if (connected_ || wanted_) return;
   wanted_ = true;
-  t_->wake_io();
+  t_->queue(*this);
 }
 
-void TcpChannel::sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what) {
+void TcpChannel::sleep(Lock& lk, const Deadline& deadline, const char* what) {
   // A peer that exits before it connects leaves no socket to fail; on this host its
   // process tells. Watched per slice, so that no descriptor is held between waits.
   if (!connected_ && same_host_ && PeerWatch(peer_.pid).exited())
@@ -366,33 +409,37 @@ void TcpChannel::sleep(std::unique_lock<std::mutex>& lk, const Deadline& deadlin
   if (deadline.expired())
     fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe() + " over TCP" +
                                  (connected_ ? "" : " (not connected: " + pending_ + ")"));
-  t_->cv_.wait_until(lk, std::min(deadline.at, Clock::now() + kLivenessSlice));
+  cv_.wait_until(lk, std::min(deadline.at, Clock::now() + kLivenessSlice));
 }
 
 // Returns with `lk` (on mu_) held once `ready()` (evaluated under mu_) holds; throws on
-// abort, failure or timeout. Spins per SpinPolicy on the event counter before sleeping.
+// abort, failure or timeout. For SpinPolicy::spin it moves what the socket allows itself
+// (a receive reads, a send writes the frames before its slot), yielding the core between
+// looks; then it sleeps, and the I/O thread moves the bytes.
 template <class Ready>
-void TcpChannel::wait(std::unique_lock<std::mutex>& lk, const Deadline& deadline, const char* what,
-                      bool sending, Ready ready) {
-  bool spun = t_->spin_.spin.count() <= 0;
-  for (;;) {
-    if (!t_->aborted_ && ready()) return;
+void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool sending, Ready ready) {
+  const auto spin_end = Clock::now() + t_->spin_.spin;
+  for (bool spinning = true;;) {
+    if (!t_->aborted() && ready()) return;
     throw_if_failed(sending);
-    if (!spun) {
-      spun = true;
-      const uint64_t seen = t_->events_.load(std::memory_order_acquire);
-      lk.unlock();
-      spin_until([&] { return t_->events_.load(std::memory_order_acquire) != seen; }, t_->spin_);
-      lk.lock();
+    if (!spinning) {
+      sleep(lk, deadline, what);
       continue;
     }
-    sleep(lk, deadline, what);
+    if (movable()) sending ? write_some() : read_some();
+    if (!t_->aborted() && ready()) return;
+    spinning = Clock::now() < spin_end;
+    if (spinning) {
+      lk.unlock();
+      std::this_thread::yield();
+      lk.lock();
+    }
   }
 }
 
 void* TcpChannel::begin_send(const Deadline& deadline) {
   // A send fails on any failure, even with a free slot: the frame could never arrive.
-  std::unique_lock<std::mutex> lk(t_->mu_);
+  Lock lk(mu_);
   want_connection_locked();
   wait(lk, deadline, "send to", true, [&] {
     return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
@@ -404,22 +451,19 @@ void TcpChannel::end_send(const FrameHeader& header) {
   if (header.bytes > chunk_)
     fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) +
                                   " bytes exceeds the TCP chunk of " + std::to_string(chunk_));
-  bool wake;
-  {
-    std::lock_guard<std::mutex> lk(t_->mu_);
-    FrameHeader& h = out_hdr_[committed_ % depth_];
-    h = header;
-    h.magic = kFrameMagic;
-    h.kind = static_cast<uint16_t>(FrameKind::Data);
-    ++committed_;
-    wake = !io_wants_out_;
-  }
-  if (wake) t_->wake_io();
+  Lock lk(mu_);
+  FrameHeader& h = out_hdr_[committed_ % depth_];
+  h = header;
+  h.magic = kFrameMagic;
+  h.kind = static_cast<uint16_t>(FrameKind::Data);
+  ++committed_;
+  if (movable() && !t_->aborted()) write_some();
+  if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
 }
 
 const void* TcpChannel::begin_recv_next(FrameHeader& got, const Deadline& deadline) {
   // Frames already complete are delivered even after the channel failed.
-  std::unique_lock<std::mutex> lk(t_->mu_);
+  Lock lk(mu_);
   want_connection_locked();
   wait(lk, deadline, "receive from", false, [&] { return filled_ != released_; });
   got = in_hdr_[released_ % depth_];
@@ -427,221 +471,80 @@ const void* TcpChannel::begin_recv_next(FrameHeader& got, const Deadline& deadli
 }
 
 std::optional<FrameHeader> TcpChannel::peek_recv() {
-  std::lock_guard<std::mutex> lk(t_->mu_);
+  Lock lk(mu_);
   want_connection_locked();
-  if (!t_->aborted_ && filled_ != released_) return in_hdr_[released_ % depth_];
+  if (filled_ == released_ && movable() && !t_->aborted()) read_some();
+  if (!t_->aborted() && filled_ != released_) return in_hdr_[released_ % depth_];
   throw_if_failed(false);
   return std::nullopt;
 }
 
 void TcpChannel::end_recv() {
-  bool wake;
-  {
-    std::lock_guard<std::mutex> lk(t_->mu_);
-    if (filled_ == released_) return;
-    ++released_;
-    wake = !io_wants_in_;
-  }
-  if (wake) t_->wake_io();
+  Lock lk(mu_);
+  if (filled_ == released_) return;
+  const bool was_full = filled_ - released_ == depth_;
+  ++released_;
+  if (was_full && movable()) t_->queue(*this);  // input may wait in the socket for this slot
 }
 
+// ---- The channel's I/O, by whichever thread holds mu_. ----
 
-// ---- The I/O thread. ----
-
-void TcpTransport::io_main() {
-  try {
-    io_loop();
-  } catch (const std::exception& e) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!aborted_) {
-        aborted_ = true;
-        abort_reason_ = std::string("pycomm: TCP I/O thread failed: ") + e.what();
-      }
-      changed_locked();
-    }
-    cv_.notify_all();
-    for (auto& c : channels_)
-      if (c) ::shutdown(c->sock_.get(), SHUT_RDWR);
-  }
-}
-
-// Each round: under mu_, decide per socket what progress is possible (and publish it in
-// io_wants_*); poll; move bytes. Normal mode reads into free inbound slots and writes
-// committed outbound frames. After abort(): finish the frame in flight, send the Abort
-// frame, shut down (kAbortFlush at most). After the destructor asked to stop: keep going
-// until every committed frame is in the kernel (linger_ at most), then shut down writing.
-void TcpTransport::io_loop() {
-  constexpr auto kNever = Clock::time_point::max();
-  std::vector<pollfd> fds;
-  std::vector<TcpChannel*> polled;
-  std::vector<int> to_connect;
-  Clock::time_point finish_by = kNever;
+void TcpChannel::read_some() {
   for (;;) {
-    fds.assign(1, pollfd{wake_fd_.get(), POLLIN, 0});
-    polled.clear();
-    to_connect.clear();
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      const auto now = Clock::now();
-      if (aborted_ && !abort_begun_) {
-        abort_begun_ = true;
-        finish_by = now + kAbortFlush;
-        const std::string reason = abort_reason_.substr(0, kMaxReason);
-        FrameHeader h;
-        h.kind = static_cast<uint16_t>(FrameKind::Abort);
-        h.bytes = static_cast<uint32_t>(reason.size());
-        for (auto& c : channels_)
-          if (c && !c->dead_)
-            c->abort_frame_ = std::string(reinterpret_cast<const char*>(&h), sizeof h) + reason;
-      } else if (stopping_ && !aborted_ && finish_by == kNever) {
-        finish_by = now + linger_;
-      }
-      const bool lingering = stopping_ && !aborted_;
-      bool busy = false;
-      for (auto& cp : channels_) {
-        if (!cp) continue;
-        TcpChannel& c = *cp;
-        c.io_wants_in_ = c.io_wants_out_ = false;
-        if (!c.connected_) {
-          if (abort_begun_ || !c.wanted_ || c.dead_) continue;
-          if (!c.asked_) c.asked_ = true, to_connect.push_back(c.peer());
-          c.pending_ = mesh_->pending(c.peer());
-          busy = busy || c.written_ < c.committed_;  // frames that wait for the connection
-          continue;
-        }
-        if (c.dead_ || c.closed_) continue;
-        short events = 0;
-        if (abort_begun_) {
-          events = POLLOUT;
-          busy = true;
-        } else {
-          if (c.in_off_ > 0 || c.filled_ - c.released_ < c.depth_) events |= POLLIN, c.io_wants_in_ = true;
-          if (c.written_ < c.committed_) events |= POLLOUT, c.io_wants_out_ = true, busy = true;
-          if (!c.rdhup_seen_) events |= POLLRDHUP;
-        }
-        fds.push_back(pollfd{c.sock_.get(), events, 0});
-        polled.push_back(&c);
-      }
-      const bool flushed = (abort_begun_ || lingering) && !busy;
-      if (flushed || now >= finish_by) {
-        if (lingering && !flushed) log_undelivered_locked();
-        for (TcpChannel* c : polled) ::shutdown(c->sock_.get(), flushed && lingering ? SHUT_WR : SHUT_RDWR);
-        return;
-      }
-    }
-    // Connections in the making: outside mu_ (the mesh makes system calls); none once aborted.
-    const size_t mesh_at = fds.size();
-    Clock::time_point wake = finish_by;
-    if (!abort_begun_) {
-      for (int p : to_connect) mesh_->want(p);
-      wake = std::min(wake, mesh_->poll_set(fds));
-    }
-    const int n = ::poll(fds.data(), fds.size(), wake == kNever ? -1 : poll_timeout_ms(wake));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail(ErrorKind::Internal, errno_message("pycomm: poll"));
-    }
-    if (fds[0].revents) {
-      uint64_t count;
-      ssize_t ignored = ::read(wake_fd_.get(), &count, sizeof count);
-      (void)ignored;
-    }
-    for (size_t i = 1; i < mesh_at; ++i)
-      if (fds[i].revents) handle(*polled[i - 1], fds[i].revents);
-    if (!abort_begun_) {
-      mesh_->progress(fds.data() + mesh_at);
-      attach_connected();
-      for (auto& [p, why] : mesh_->take_refused()) fail_channel(*channels_[p], ErrorKind::PeerFailure, why);
-    }
-  }
-}
-
-void TcpTransport::handle(TcpChannel& c, short revents) {
-  if (abort_begun_) return write_abort(c);
-  if (revents & POLLNVAL)
-    return fail_channel(c, ErrorKind::Internal, "pycomm: invalid socket for " + c.peer_.describe());
-  if (revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) read_ready(c);
-  if (!c.dead_ && (revents & (POLLOUT | POLLHUP | POLLERR))) write_ready(c);
-  if (!c.dead_ && (revents & (POLLRDHUP | POLLHUP | POLLERR))) peer_closed(c, revents);
-}
-
-// Reads frames into free inbound slots until the socket has no more data, no slot is free,
-// or the stream ends. Each header is checked as soon as it is complete.
-void TcpTransport::read_ready(TcpChannel& c) {
-  for (;;) {
-    if (c.in_off_ == 0) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (c.filled_ - c.released_ >= c.depth_) return;  // back-pressure: leave it in the socket
-    }
-    FrameHeader& h = c.in_hdr_[c.filled_ % c.depth_];  // slot owned by this thread (see top)
+    if (in_off_ == 0 && filled_ - released_ >= depth_) return;  // back-pressure: leave it in the socket
+    FrameHeader& h = in_hdr_[filled_ % depth_];  // slot owned by the reader (see top)
     char* dst;
     size_t want;
-    if (c.in_off_ < kHeaderBytes) {
-      dst = reinterpret_cast<char*>(&h) + c.in_off_;
-      want = kHeaderBytes - c.in_off_;
+    if (in_off_ < kHeaderBytes) {
+      dst = reinterpret_cast<char*>(&h) + in_off_;
+      want = kHeaderBytes - in_off_;
     } else {
-      const size_t got = c.in_off_ - kHeaderBytes;
-      dst = (h.kind == static_cast<uint16_t>(FrameKind::Data) ? c.in_slot(c.filled_) : c.reason_) + got;
+      const size_t got = in_off_ - kHeaderBytes;
+      dst = (h.kind == static_cast<uint16_t>(FrameKind::Data) ? in_slot(filled_) : reason_) + got;
       want = h.bytes - got;
     }
-    const ssize_t n = ::recv(c.sock_.get(), dst, want, MSG_DONTWAIT);
+    const ssize_t n = ::recv(sock_.get(), dst, want, MSG_DONTWAIT);
     if (n == 0)
-      return fail_channel(c, ErrorKind::PeerFailure,
-                          "connection to " + c.peer_.describe() + " lost: closed" +
-                              (c.in_off_ > 0 ? " in the middle of a frame" : ""));
+      return fail_locked(ErrorKind::PeerFailure, "connection to " + peer_.describe() + " lost: closed" +
+                                                     (in_off_ > 0 ? " in the middle of a frame" : ""));
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      return socket_error(c, errno);
+      return socket_error(errno);
     }
-    c.in_off_ += static_cast<size_t>(n);
-    if (c.in_off_ == kHeaderBytes) {
+    in_off_ += static_cast<size_t>(n);
+    if (in_off_ == kHeaderBytes) {
       std::string bad;
       if (h.magic != kFrameMagic) {
         bad = "bad magic";
       } else if (h.kind == static_cast<uint16_t>(FrameKind::Data)) {
-        if (h.bytes > c.chunk_)
+        if (h.bytes > chunk_)
           bad = "a payload of " + std::to_string(h.bytes) + " bytes exceeds this rank's chunk of " +
-                std::to_string(c.chunk_) + " bytes (do PYCOMM_TCP_CHUNK_BYTES differ between ranks?)";
+                std::to_string(chunk_) + " bytes (do PYCOMM_TCP_CHUNK_BYTES differ between ranks?)";
       } else if (h.kind == static_cast<uint16_t>(FrameKind::Abort)) {
         if (h.bytes > kMaxReason) bad = "abort reason of " + std::to_string(h.bytes) + " bytes";
       } else {
         bad = "unknown frame kind " + std::to_string(h.kind);
       }
-      if (!bad.empty())
-        return fail_channel(c, ErrorKind::Mismatch, "malformed frame from " + c.peer_.describe() + ": " + bad);
+      if (!bad.empty()) return fail_locked(ErrorKind::Mismatch, "malformed frame from " + peer_.describe() + ": " + bad);
     }
-    if (c.in_off_ >= kHeaderBytes && c.in_off_ == kHeaderBytes + h.bytes) {
-      c.in_off_ = 0;
+    if (in_off_ >= kHeaderBytes && in_off_ == kHeaderBytes + h.bytes) {
+      in_off_ = 0;
       if (h.kind == static_cast<uint16_t>(FrameKind::Abort))
-        return fail_channel(c, ErrorKind::PeerFailure,
-                            c.peer_.describe() + " aborted: " + printable_reason(c.reason_, h.bytes));
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        ++c.filled_;  // hands the slot to the compute thread
-        changed_locked();
-      }
-      cv_.notify_all();
-      doorbell_.ring();
+        return fail_locked(ErrorKind::PeerFailure, peer_.describe() + " aborted: " + printable_reason(reason_, h.bytes));
+      ++filled_;  // hands the slot to the compute thread
+      changed();
+      t_->doorbell_.ring();
     }
   }
 }
 
-// Hands committed frames to the kernel, several per sendmsg(), in order.
-void TcpTransport::write_ready(TcpChannel& c) {
+void TcpChannel::write_some() {
   constexpr uint64_t kBatch = 32;
-  for (;;) {
-    uint64_t written, committed;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      written = c.written_;
-      committed = c.committed_;
-    }
-    if (written == committed) return;
-    const uint64_t last = std::min(committed, written + kBatch);
+  while (written_ < committed_) {
+    const uint64_t last = std::min(committed_, written_ + kBatch);
     iovec iov[2 * kBatch];
-    size_t count = 0, skip = c.out_off_, total = 0;
+    size_t count = 0, skip = out_off_, total = 0;
     const auto add = [&](const void* p, size_t len) {
       if (skip >= len) {
         skip -= len;
@@ -651,118 +554,105 @@ void TcpTransport::write_ready(TcpChannel& c) {
       total += len - skip;
       skip = 0;
     };
-    for (uint64_t f = written; f < last; ++f) {
-      const FrameHeader& h = c.out_hdr_[f % c.depth_];
+    for (uint64_t f = written_; f < last; ++f) {
+      const FrameHeader& h = out_hdr_[f % depth_];
       add(&h, kHeaderBytes);
-      add(c.out_slot(f), h.bytes);
+      add(out_slot(f), h.bytes);
     }
-    const ssize_t n = send_pieces(c.sock_.get(), iov, count);
+    const ssize_t n = send_pieces(sock_.get(), iov, count);
     if (n == 0) return;
-    if (n < 0) return socket_error(c, static_cast<int>(-n));
-    size_t left = c.out_off_ + static_cast<size_t>(n);
+    if (n < 0) return socket_error(static_cast<int>(-n));
+    size_t left = out_off_ + static_cast<size_t>(n);
     uint64_t done = 0;
-    for (uint64_t f = written; f < last; ++f) {
-      const size_t frame = kHeaderBytes + c.out_hdr_[f % c.depth_].bytes;
+    for (uint64_t f = written_; f < last; ++f) {
+      const size_t frame = kHeaderBytes + out_hdr_[f % depth_].bytes;
       if (left < frame) break;
       left -= frame;
       ++done;
     }
-    c.out_off_ = left;
+    out_off_ = left;
     if (done > 0) {
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        c.written_ += done;  // frees the slots
-        changed_locked();
-      }
-      cv_.notify_all();
+      written_ += done;  // frees the slots
+      changed();
     }
     if (static_cast<size_t>(n) < total) return;  // the socket buffer is full
   }
 }
 
-// After abort(): completes the frame partly on the wire (the peer could not parse what
-// follows otherwise), then sends the Abort frame and shuts the socket down.
-void TcpTransport::write_abort(TcpChannel& c) {
+void TcpChannel::write_abort() {
   for (;;) {
     iovec iov[2];
     size_t count = 0;
-    const FrameHeader& h = c.out_hdr_[c.written_ % c.depth_];  // written_: only this thread writes it
-    if (c.out_off_ > 0) {
-      size_t skip = c.out_off_;
+    const FrameHeader& h = out_hdr_[written_ % depth_];
+    if (out_off_ > 0) {
+      size_t skip = out_off_;
       if (skip < kHeaderBytes) {
         iov[count++] = iovec{reinterpret_cast<char*>(const_cast<FrameHeader*>(&h)) + skip, kHeaderBytes - skip};
         skip = 0;
       } else {
         skip -= kHeaderBytes;
       }
-      if (h.bytes > skip) iov[count++] = iovec{c.out_slot(c.written_) + skip, h.bytes - skip};
-    } else if (c.abort_off_ < c.abort_frame_.size()) {
-      iov[count++] = iovec{&c.abort_frame_[c.abort_off_], c.abort_frame_.size() - c.abort_off_};
+      if (h.bytes > skip) iov[count++] = iovec{out_slot(written_) + skip, h.bytes - skip};
+    } else if (abort_off_ < abort_frame_.size()) {
+      iov[count++] = iovec{&abort_frame_[abort_off_], abort_frame_.size() - abort_off_};
     } else {
-      ::shutdown(c.sock_.get(), SHUT_RDWR);
-      c.closed_ = true;
+      ::shutdown(sock_.get(), SHUT_RDWR);
+      closed_ = true;
       return;
     }
-    const ssize_t n = send_pieces(c.sock_.get(), iov, count);
+    const ssize_t n = send_pieces(sock_.get(), iov, count);
     if (n == 0) return;
     if (n < 0) {
-      ::shutdown(c.sock_.get(), SHUT_RDWR);  // best effort only: give up on this peer
-      c.closed_ = true;
+      ::shutdown(sock_.get(), SHUT_RDWR);  // best effort only: give up on this peer
+      closed_ = true;
       return;
     }
-    if (c.out_off_ > 0) {
-      c.out_off_ += static_cast<size_t>(n);
-      if (c.out_off_ == kHeaderBytes + h.bytes) {
-        c.out_off_ = 0;
-        std::lock_guard<std::mutex> lk(mu_);
-        ++c.written_;
+    if (out_off_ > 0) {
+      out_off_ += static_cast<size_t>(n);
+      if (out_off_ == kHeaderBytes + h.bytes) {
+        out_off_ = 0;
+        ++written_;
       }
     } else {
-      c.abort_off_ += static_cast<size_t>(n);
+      abort_off_ += static_cast<size_t>(n);
     }
   }
 }
 
-// The peer shut its side down (POLLRDHUP) or the connection broke (POLLHUP/POLLERR), and
-// read_ready() did not reach the end of the stream: every inbound slot is full, so what
-// the peer sent last (possibly an Abort frame) is still queued in the kernel.
-void TcpTransport::peer_closed(TcpChannel& c, short revents) {
-  if (auto reason = peek_abort_reason(c))
-    return fail_channel(c, ErrorKind::PeerFailure, c.peer_.describe() + " aborted: " + *reason);
-  if (revents & (POLLHUP | POLLERR)) {
+void TcpChannel::peer_closed(uint32_t events) {
+  // read_some() did not reach the end of the stream: every inbound slot is full, so what
+  // the peer sent last (possibly an Abort frame) is still queued in the kernel.
+  if (auto reason = peek_abort_reason()) return fail_locked(ErrorKind::PeerFailure, peer_.describe() + " aborted: " + *reason);
+  if (events & (EPOLLHUP | EPOLLERR)) {
     int err = 0;
     socklen_t len = sizeof err;
-    if (getsockopt(c.sock_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
-    return fail_channel(c, ErrorKind::PeerFailure, "connection to " + c.peer_.describe() + " lost: " +
-                                                       (err ? std::strerror(err) : "closed"));
+    if (getsockopt(sock_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
+    return fail_locked(ErrorKind::PeerFailure, "connection to " + peer_.describe() + " lost: " +
+                                                   (err ? std::strerror(err) : "closed"));
   }
   // Only a half-close: the frames queued before it stay readable, but nothing sent to the
   // peer will be read any more.
-  c.rdhup_seen_ = true;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (c.send_error_.empty()) c.send_error_ = "connection to " + c.peer_.describe() + " lost: closed by the peer";
-    changed_locked();
-  }
-  cv_.notify_all();
+  rdhup_seen_ = true;
+  if (send_error_.empty()) send_error_ = "connection to " + peer_.describe() + " lost: closed by the peer";
+  changed();
 }
 
 // Looks through the unread receive queue, without consuming it, for an Abort frame: a peer
 // that aborted while this rank was not reading from it still gets its reason across.
-std::optional<std::string> TcpTransport::peek_abort_reason(TcpChannel& c) {
-  if (c.in_off_ != 0) return std::nullopt;  // only from a frame boundary
+std::optional<std::string> TcpChannel::peek_abort_reason() {
+  if (in_off_ != 0) return std::nullopt;  // only from a frame boundary
   int queued = 0;
-  if (::ioctl(c.sock_.get(), FIONREAD, &queued) != 0 || queued <= 0) return std::nullopt;
+  if (::ioctl(sock_.get(), FIONREAD, &queued) != 0 || queued <= 0) return std::nullopt;
   const size_t size = std::min(static_cast<size_t>(queued), kMaxPeek);
   std::unique_ptr<char[]> buf(new char[size]);
-  const ssize_t n = ::recv(c.sock_.get(), buf.get(), size, MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t n = ::recv(sock_.get(), buf.get(), size, MSG_PEEK | MSG_DONTWAIT);
   if (n <= 0) return std::nullopt;
   const size_t end = static_cast<size_t>(n);
   for (size_t pos = 0; pos + kHeaderBytes <= end;) {
     FrameHeader h;
     std::memcpy(&h, buf.get() + pos, kHeaderBytes);
     if (h.magic != kFrameMagic) break;
-    if (h.kind == static_cast<uint16_t>(FrameKind::Data) && h.bytes <= c.chunk_) {
+    if (h.kind == static_cast<uint16_t>(FrameKind::Data) && h.bytes <= chunk_) {
       pos += kHeaderBytes + h.bytes;
       continue;
     }
@@ -774,37 +664,171 @@ std::optional<std::string> TcpTransport::peek_abort_reason(TcpChannel& c) {
   return std::nullopt;
 }
 
-void TcpTransport::socket_error(TcpChannel& c, int err) {
-  if (auto reason = peek_abort_reason(c))
-    return fail_channel(c, ErrorKind::PeerFailure, c.peer_.describe() + " aborted: " + *reason);
-  fail_channel(c, ErrorKind::PeerFailure, "connection to " + c.peer_.describe() + " lost: " + std::strerror(err));
+void TcpChannel::socket_error(int err) {
+  if (auto reason = peek_abort_reason()) return fail_locked(ErrorKind::PeerFailure, peer_.describe() + " aborted: " + *reason);
+  fail_locked(ErrorKind::PeerFailure, "connection to " + peer_.describe() + " lost: " + std::strerror(err));
 }
 
-void TcpTransport::log_undelivered_locked() const {
-  for (const auto& c : channels_) {
-    if (!c || c->dead_ || c->written_ == c->committed_) continue;
-    log_line("pycomm: TCP: " + std::to_string(c->committed_ - c->written_) + " frame(s) of completed sends to " +
-             c->peer_.describe() + " not delivered within " + std::to_string(linger_.count()) +
+void TcpChannel::fail_locked(ErrorKind kind, const std::string& what) {
+  dead_ = true;
+  if (sock_) ::shutdown(sock_.get(), SHUT_RDWR);
+  if (error_.empty()) {
+    error_kind_ = kind;
+    error_ = what;
+  }
+  changed();
+  t_->doorbell_.ring();
+}
+
+// ---- The I/O thread. ----
+
+void TcpTransport::io_main() {
+  try {
+    io_loop();
+  } catch (const std::exception& e) {
+    abort(std::string("pycomm: TCP I/O thread failed: ") + e.what());
+    for (auto& c : channels_)
+      if (c) {
+        std::lock_guard<std::mutex> lk(c->mu_);
+        if (c->sock_) ::shutdown(c->sock_.get(), SHUT_RDWR);
+      }
+  }
+}
+
+// Each round: poll the eventfd, the epoll descriptor and the mesh's handshakes; visit the
+// channels epoll reports and those queued. After abort(): finish the frame in flight on
+// each socket, send the Abort frame, shut down (kAbortFlush at most). After the destructor
+// asked to stop: keep going until every committed frame is in the kernel (linger_ at
+// most), then shut down writing.
+void TcpTransport::io_loop() {
+  constexpr auto kNever = Clock::time_point::max();
+  constexpr int kEvents = 256;
+  epoll_event events[kEvents];
+  std::vector<pollfd> fds;
+  std::vector<int> visiting, to_connect;
+  Clock::time_point finish_by = kNever;
+  bool lingering = false;
+  for (;;) {
+    const auto now = Clock::now();
+    if (aborted() && !abort_begun_) {
+      abort_begun_ = true;
+      finish_by = now + kAbortFlush;
+      const std::string reason = abort_reason_.substr(0, kMaxReason);
+      FrameHeader h;
+      h.kind = static_cast<uint16_t>(FrameKind::Abort);
+      h.bytes = static_cast<uint32_t>(reason.size());
+      for (auto& c : channels_)
+        if (c) c->abort_frame_ = std::string(reinterpret_cast<const char*>(&h), sizeof h) + reason;
+      for (auto& c : channels_)  // each visited once; epoll's edges drive the rest
+        if (c) queue(*c);
+    } else if (stopping_.load(std::memory_order_acquire) && !aborted() && !lingering) {
+      lingering = true;
+      finish_by = now + linger_;
+      for (auto& c : channels_)
+        if (c) queue(*c);
+    }
+    if (abort_begun_ || lingering) {
+      const bool done = flushed();
+      if (done || now >= finish_by) {
+        if (lingering && !abort_begun_ && !done) log_undelivered();
+        for (auto& c : channels_)
+          if (c) {
+            std::lock_guard<std::mutex> lk(c->mu_);
+            if (c->sock_) ::shutdown(c->sock_.get(), done && !abort_begun_ ? SHUT_WR : SHUT_RDWR);
+          }
+        return;
+      }
+    }
+    fds.assign({pollfd{wake_fd_.get(), POLLIN, 0}, pollfd{epoll_fd_.get(), POLLIN, 0}});
+    Clock::time_point wake = finish_by;
+    if (!abort_begun_) {
+      for (int p : to_connect) mesh_->want(p);
+      to_connect.clear();
+      wake = std::min(wake, mesh_->poll_set(fds));
+    }
+    {
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      if (!queued_.empty()) wake = now;  // visit them before sleeping
+    }
+    const int n = ::poll(fds.data(), fds.size(), wake == kNever ? -1 : poll_timeout_ms(wake));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(ErrorKind::Internal, errno_message("pycomm: poll"));
+    }
+    if (fds[0].revents) {
+      uint64_t count;
+      ssize_t ignored = ::read(wake_fd_.get(), &count, sizeof count);
+      (void)ignored;
+    }
+    if (fds[1].revents) {
+      const int ready = ::epoll_wait(epoll_fd_.get(), events, kEvents, 0);
+      for (int i = 0; i < ready; ++i) visit(*channels_[events[i].data.u32], events[i].events, to_connect);
+    }
+    {
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      visiting.swap(queued_);
+    }
+    for (int p : visiting) visit(*channels_[p], 0, to_connect);
+    visiting.clear();
+    if (!abort_begun_) {
+      mesh_->progress(fds.data() + 2);
+      attach_connected();
+      for (auto& [p, why] : mesh_->take_refused()) {
+        TcpChannel& c = *channels_[p];
+        std::lock_guard<std::mutex> lk(c.mu_);
+        c.fail_locked(ErrorKind::PeerFailure, why);
+      }
+    }
+  }
+}
+
+void TcpTransport::visit(TcpChannel& c, uint32_t events, std::vector<int>& to_connect) {
+  c.queued_.store(false, std::memory_order_release);  // changes from now on queue it again
+  std::lock_guard<std::mutex> lk(c.mu_);
+  if (!c.connected_) {
+    if (abort_begun_ || !c.wanted_ || c.dead_) return;
+    if (!c.asked_) c.asked_ = true, to_connect.push_back(c.peer());
+    c.pending_ = mesh_->pending(c.peer());
+    return;
+  }
+  if (c.dead_ || c.closed_) return;
+  if (abort_begun_) return c.write_abort();
+  c.read_some();
+  if (!c.dead_) c.write_some();
+  if (!c.dead_ && !c.rdhup_seen_ && (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) c.peer_closed(events);
+}
+
+bool TcpTransport::flushed() {
+  bool done = true;
+  for (auto& cp : channels_) {
+    if (!cp) continue;
+    TcpChannel& c = *cp;
+    std::lock_guard<std::mutex> lk(c.mu_);
+    if (!c.connected_) {
+      if (!abort_begun_ && c.wanted_ && !c.dead_ && c.written_ < c.committed_) {
+        c.pending_ = mesh_->pending(c.peer());
+        done = false;  // frames that wait for the connection
+      }
+      continue;
+    }
+    if (c.dead_ || c.closed_) continue;
+    if (abort_begun_ || c.written_ < c.committed_) done = false;
+  }
+  return done;
+}
+
+void TcpTransport::log_undelivered() {
+  for (const auto& cp : channels_) {
+    if (!cp) continue;
+    TcpChannel& c = *cp;
+    std::lock_guard<std::mutex> lk(c.mu_);
+    if (c.dead_ || c.written_ == c.committed_) continue;
+    log_line("pycomm: TCP: " + std::to_string(c.committed_ - c.written_) + " frame(s) of completed sends to " +
+             c.peer_.describe() + " not delivered within " + std::to_string(linger_.count()) +
              " ms of the group's end (" +
-             (c->connected_ ? std::string("the peer did not read them") : "not connected: " + c->pending_) +
+             (c.connected_ ? std::string("the peer did not read them") : "not connected: " + c.pending_) +
              "): they are lost");
   }
-}
-
-// Ends the stream: no more I/O on this socket. Frames already complete stay readable.
-void TcpTransport::fail_channel(TcpChannel& c, ErrorKind kind, const std::string& what) {
-  c.dead_ = true;
-  if (c.sock_) ::shutdown(c.sock_.get(), SHUT_RDWR);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (c.error_.empty()) {
-      c.error_kind_ = kind;
-      c.error_ = what;
-    }
-    changed_locked();
-  }
-  cv_.notify_all();
-  doorbell_.ring();
 }
 
 }  // namespace
