@@ -26,8 +26,8 @@
 //     start only when filled_ - released_ < depth); the compute thread's once complete
 //     (released_ <= f < filled_) until end_recv() (++released_).
 // The writer and the reader of a channel are whichever thread holds the channel's mutex:
-// the compute thread writes a frame straight to the socket in end_send() and reads while
-// it waits in begin_recv_next(), so a message that the socket takes at once costs no
+// the compute thread writes a small frame straight to the socket in end_send() and reads
+// while it waits in begin_recv_next(), so a message that the socket takes at once costs no
 // hand-off between threads; the I/O thread moves the rest. The mutex guards the counters,
 // the partial-frame offsets, the socket and the failure state, and orders slot contents
 // with the counters. When no inbound slot is free nobody reads that socket, so TCP's flow
@@ -104,6 +104,10 @@ constexpr std::chrono::seconds kAbortFlush{1};            // to deliver Abort fr
 constexpr size_t kMaxPeek = size_t{64} << 20;             // receive queue scanned for an Abort
 constexpr size_t kMaxDrain = size_t{64} << 20;            // unread input dropped before close
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
+// Frames up to this size are written by the sending thread itself: latency-bound, they
+// would wait longer for the I/O thread to wake than the write takes. Larger ones are the
+// I/O thread's, so that their copy into the kernel overlaps the sender's next chunk.
+constexpr size_t kInlineWriteBytes = 64 << 10;
 
 // log lines.
 std::string printable_reason(const char* p, size_t n) {
@@ -413,9 +417,9 @@ void TcpChannel::sleep(Lock& lk, const Deadline& deadline, const char* what) {
 }
 
 // Returns with `lk` (on mu_) held once `ready()` (evaluated under mu_) holds; throws on
-// abort, failure or timeout. For SpinPolicy::spin it moves what the socket allows itself
-// (a receive reads, a send writes the frames before its slot), yielding the core between
-// looks; then it sleeps, and the I/O thread moves the bytes.
+// abort, failure or timeout. For SpinPolicy::spin a receive reads what the socket has
+// itself, yielding the core between looks; then it sleeps, and the I/O thread moves the
+// bytes (it always writes what a send waits for).
 template <class Ready>
 void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool sending, Ready ready) {
   const auto spin_end = Clock::now() + t_->spin_.spin;
@@ -426,7 +430,7 @@ void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool
       sleep(lk, deadline, what);
       continue;
     }
-    if (movable()) sending ? write_some() : read_some();
+    if (!sending && movable()) read_some();
     if (!t_->aborted() && ready()) return;
     spinning = Clock::now() < spin_end;
     if (spinning) {
@@ -457,7 +461,7 @@ void TcpChannel::end_send(const FrameHeader& header) {
   h.magic = kFrameMagic;
   h.kind = static_cast<uint16_t>(FrameKind::Data);
   ++committed_;
-  if (movable() && !t_->aborted()) write_some();
+  if (header.bytes <= kInlineWriteBytes && movable() && !t_->aborted()) write_some();
   if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
 }
 
