@@ -709,7 +709,7 @@ void TcpTransport::io_loop() {
   constexpr int kEvents = 256;
   epoll_event events[kEvents];
   std::vector<pollfd> fds;
-  std::vector<int> visiting, to_connect;
+  std::vector<int> visiting, to_connect, connecting;  // connecting: asked of the mesh, not connected
   Clock::time_point finish_by = kNever;
   bool lingering = false;
   for (;;) {
@@ -747,6 +747,7 @@ void TcpTransport::io_loop() {
     Clock::time_point wake = finish_by;
     if (!abort_begun_) {
       for (int p : to_connect) mesh_->want(p);
+      connecting.insert(connecting.end(), to_connect.begin(), to_connect.end());
       to_connect.clear();
       wake = std::min(wake, mesh_->poll_set(fds));
     }
@@ -782,6 +783,16 @@ void TcpTransport::io_loop() {
         std::lock_guard<std::mutex> lk(c.mu_);
         c.fail_locked(ErrorKind::PeerFailure, why);
       }
+      // Why each connection in the making is not there yet, for a waiter's timeout message.
+      connecting.erase(std::remove_if(connecting.begin(), connecting.end(),
+                                      [&](int p) {
+                                        TcpChannel& c = *channels_[p];
+                                        std::lock_guard<std::mutex> lk(c.mu_);
+                                        if (c.connected_ || c.dead_) return true;
+                                        c.pending_ = mesh_->pending(p);
+                                        return false;
+                                      }),
+                       connecting.end());
     }
   }
 }
