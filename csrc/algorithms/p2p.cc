@@ -59,6 +59,13 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
   auto* out = static_cast<char*>(rq.output);
   OpStamp sent;
   size_t got = 0;
+  const auto take = [&](const FrameHeader& h, const void* payload) {  // a frame of this message
+    check_frame_fits(h.bytes, got, bytes, h.op, peer);
+    cx.ops->copy(out + got, payload, h.bytes);
+    ch.end_recv();
+    if (cx.trace) cx.trace->frame(mine, false, peer.rank, h.bytes);
+    got += h.bytes;
+  };
   const auto first = std::find_if(held_.begin(), held_.end(), [&](const Held& m) { return m.stamp.root == mine.root; });
   if (first != held_.end()) {
     check_matches(first->stamp, mine, peer);
@@ -87,12 +94,8 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
         continue;
       }
       check_matches(h.op, mine, peer);
-      check_frame_fits(h.bytes, 0, bytes, h.op, peer);
-      cx.ops->copy(out, payload, h.bytes);
-      ch.end_recv();
-      if (cx.trace) cx.trace->frame(mine, false, peer.rank, h.bytes);
       sent = h.op;
-      got = h.bytes;
+      take(h, payload);
       break;
     }
   }
@@ -101,11 +104,7 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
     const void* payload = ch.begin_recv_next(h, cx.deadline);
     check_well_formed(h, peer);
     if (!(h.op == sent)) fail_mismatch(h.op, mine, peer);
-    check_frame_fits(h.bytes, got, bytes, h.op, peer);
-    cx.ops->copy(out + got, payload, h.bytes);
-    ch.end_recv();
-    if (cx.trace) cx.trace->frame(mine, false, peer.rank, h.bytes);
-    got += h.bytes;
+    take(h, payload);
   }
 }
 

@@ -46,21 +46,35 @@ class Doorbell {
   // After a frame became visible to the doorbell's owner; costs a fence and a load when
   // nobody waits.
   void ring() const {
-    if (!w_) return;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (w_->armed.load(std::memory_order_relaxed) == 0) return;
+    ring_after_fence();
+  }
+  // ring() for a caller that has just fenced (seq_cst) after publishing the frame.
+  void ring_after_fence() const {
+    if (!w_ || w_->armed.load(std::memory_order_relaxed) == 0) return;
     w_->rings.fetch_add(1, std::memory_order_release);
     futex_wake_all(&w_->rings);
   }
-  // Before looking at the channels; returns what wait() compares against.
-  uint32_t arm() const {
-    w_->armed.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    return w_->rings.load(std::memory_order_acquire);
-  }
-  // Sleeps at most `slice` unless the doorbell rang since arm() returned `seen`.
-  void wait(uint32_t seen, std::chrono::milliseconds slice) const { futex_wait(&w_->rings, seen, slice); }
-  void disarm() const { w_->armed.fetch_sub(1, std::memory_order_relaxed); }
+
+  // A waiter's hold on the doorbell, from before it looks at the channels until it is
+  // done with them: wait() sleeps unless the doorbell rang since.
+  class Armed {
+   public:
+    explicit Armed(const Doorbell& bell) : w_(bell.w_) {
+      w_->armed.fetch_add(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      seen_ = w_->rings.load(std::memory_order_acquire);
+    }
+    ~Armed() { w_->armed.fetch_sub(1, std::memory_order_relaxed); }
+    Armed(const Armed&) = delete;
+    Armed& operator=(const Armed&) = delete;
+    // Sleeps at most `slice` unless the doorbell rang since this was armed.
+    void wait(std::chrono::milliseconds slice) const { futex_wait(&w_->rings, seen_, slice); }
+
+   private:
+    DoorbellWord* w_;
+    uint32_t seen_;
+  };
 
  private:
   DoorbellWord* w_;

@@ -211,11 +211,7 @@ int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std:
   int left = size_ - 1;
   std::optional<Error> first_failure;
   for (;;) {
-    const uint32_t rang = doorbell_.arm();
-    struct Disarm {
-      const Doorbell& bell;
-      ~Disarm() { bell.disarm(); }
-    } disarm{doorbell_};
+    const Doorbell::Armed armed(doorbell_);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || gone[p]) continue;
       std::unique_lock<std::mutex> lock(receiving_[p], std::try_to_lock);
@@ -233,7 +229,7 @@ int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std:
     }
     if (cx.deadline.expired())
       fail(ErrorKind::Timeout, "timed out waiting for a send with tag " + std::to_string(tag) + " from any rank");
-    doorbell_.wait(rang, std::min(std::chrono::milliseconds(kLivenessSlice), cx.deadline.remaining() + std::chrono::milliseconds(1)));
+    armed.wait(std::min(std::chrono::milliseconds(kLivenessSlice), cx.deadline.remaining() + std::chrono::milliseconds(1)));
   }
 }
 

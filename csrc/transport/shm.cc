@@ -14,12 +14,13 @@
 // after it is done with the slot; the sender loads head with acquire before reusing it.
 //
 // Waiting: spin for SpinPolicy::spin, then sleep on a futex on the counter, in slices of
-// kLivenessSlice. A sender also rings the receiver's doorbell (in the receiver's segment),
-// for a recv from any source that waits on all its channels at once. A waker skips the futex syscall unless the `sleeping` flag is set; both
+// kLivenessSlice. A waker skips the futex syscall unless the `sleeping` flag is set; both
 // sides order flag and counter with seq_cst fences (Dekker), and FUTEX_WAIT re-checks the
 // counter in the kernel, so no wake-up is lost. Before waiting, a waiter checks its own
 // segment's abort flag; between slices, the deadline, both segments' abort flags and
-// whether the peer process still exists.
+// whether the peer process still exists. A sender also rings the receiver's doorbell (in
+// the receiver's segment, after the same fence), for a recv from any source that waits
+// on all its channels at once.
 //
 // Lifetime: segments are created O_EXCL with mode 0600 under unpredictable names
 // (/pycomm-<pid>-<random>) and unlinked by their creator as soon as every peer has mapped
@@ -189,7 +190,7 @@ class ShmChannel final : public Channel {
     out_->tail.store(++sent_, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (out_->receiver_sleeping.load(std::memory_order_relaxed)) futex_wake_all(&out_->tail);
-    peer_doorbell_.ring();
+    peer_doorbell_.ring_after_fence();
   }
 
   const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override {
