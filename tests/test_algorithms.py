@@ -115,6 +115,88 @@ def test_every_algorithm(world):
     assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
 
 
+# Recursive doubling (the tree family's variant for latency-bound all-reduces over TCP)
+# where the world is not a power of two: ranks pair up before the butterfly and take the
+# result back after it; with 4 KiB frames, several chunks run one after the other. The
+# exactly representable inputs of _values serve up to 4 ranks; 5 and 6 take small
+# integers, and random floats whose sum every rank must hold alike. Link costs where a
+# frame costs a millisecond make the plan pick the variant with the fewest frames:
+# recursive doubling for a buffer of one frame, and at 5 ranks for some of several.
+RECURSIVE_DOUBLING_WORLDS = [(3, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp")),
+                             (5, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp")), (6, {"PYCOMM_TRANSPORT": "tcp"})]
+
+
+def recursive_doubling_world(rank, ws):
+    import pycomm
+
+    problems = []
+    side = dist.new_group(backend="gloo")
+
+    several_frames = [0]  # recursive doublings of a buffer of several frames
+
+    def ran(work, n):
+        work.wait()
+        if work.algorithm == "recursive-doubling":
+            several_frames[0] += n * 8 > 4096 and "PYCOMM_TCP_CHUNK_BYTES" in os.environ
+            return []
+        return [] if n > 7 else ["ran as %s" % work.algorithm]
+
+    cases = [(dtype, op) for dtype in DTYPES for op in ops_for(dtype)] if ws <= 4 else \
+        [(torch.int64, op) for op in ("SUM", "MIN", "MAX")] + [(torch.float32, "AVG")]
+    for dtype, op in cases:
+        for n in (1, 7, 1001, 2500):
+            label = "recursive doubling %s %s n=%d" % (dtype, op, n)
+
+            def body():
+                if ws <= 4:
+                    inputs = [int_valued(seed_of(label), r, n, dtype, op, ws) for r in range(ws)]
+                else:
+                    g = torch.Generator().manual_seed(seed_of(label))
+                    inputs = [torch.randint(-64, 64, (n,), generator=g).to(dtype) for _ in range(ws)]
+                t = inputs[rank].clone()
+                problems = ran(pycomm.all_reduce(t, red_op(op), algorithm="tree", async_op=True), n)
+                exp = reduce_exact(inputs, dtype, op, ws)
+                return problems + (check_avg(t, exp) if op == "AVG" else check_equal(t, exp))
+            _case(problems, label, body)
+    for codec in [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
+        for dtype in FLOATING:
+            label = "recursive doubling %s %s random floats" % (codec, dtype)
+
+            def body():
+                inputs = [random_float(seed_of(label), r, 2500, dtype, "SUM") for r in range(ws)]
+                t = inputs[rank].clone()
+                work = pycomm.all_reduce(t, algorithm="tree", compression=codec, async_op=True)
+                problems = ran(work, t.numel())
+                everyone = [torch.empty_like(t) for _ in range(ws)]
+                dist.all_gather(everyone, t, group=side)
+                if not all(torch.equal(everyone[0], e) for e in everyone):
+                    problems.append("ranks differ")
+                # The one-shot's sum of the same quantized contributions, in rank order.
+                exp = inputs[rank].clone()
+                pycomm.all_reduce(exp, algorithm="oneshot", compression=codec)
+                if work.algorithm == "recursive-doubling" and \
+                        not torch.allclose(t.double(), exp.double(), rtol=1e-2, atol=1e-2):
+                    problems.append("far from the one-shot's result")
+                return problems
+            _case(problems, label, body)
+    if ws == 5 and not several_frames[0]:
+        problems.append("no recursive doubling of several frames ran")
+    return problems
+
+
+@pytest.mark.parametrize("world", RECURSIVE_DOUBLING_WORLDS, ids=_world_id)
+def test_recursive_doubling_at_any_world_size(world, tmp_path):
+    if is_gloo():
+        pytest.skip("algorithms are pycomm's")
+    ws, env = world
+    costs = tmp_path / "costs"
+    costs.write_text("intra 1000 1000000\ninter 1000 1000000\n")
+    results = run_world(recursive_doubling_world, ws, env=dict(env, PYCOMM_LINK_COSTS=str(costs)), pg_timeout=30,
+                        timeout=300)
+    problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
+    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+
+
 def _choice_lines(calls):
     """Runs calls() and returns the INFO lines pycomm wrote to stderr about collectives."""
     _, text = capture_stderr(calls)

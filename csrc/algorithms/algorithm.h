@@ -205,6 +205,7 @@ void ring_allreduce(const Context& cx, const Request& rq);  // uncoded, determin
 // owner from all contributions) and the ring all-gather (direct_allreduce.cc).
 void direct_ring_allreduce(const Context& cx, const Request& rq);
 void tree_allreduce(const Context& cx, const Request& rq);
+void recursive_doubling_allreduce(const Context& cx, const Request& rq);
 void hierarchical_allreduce(const Context& cx, const Request& rq);
 void oneshot_allreduce(const Context& cx, const Request& rq);
 void twoshot_allreduce(const Context& cx, const Request& rq);

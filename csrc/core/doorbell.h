@@ -56,6 +56,10 @@ class Doorbell {
     futex_wake_all(&w_->rings);
   }
 
+  // Whether a waiter holds the doorbell armed now: a transport that only pushes arrivals
+  // to the doorbell on request asks this.
+  bool waiting() const { return w_ && w_->armed.load(std::memory_order_relaxed) > 0; }
+
   // A waiter's hold on the doorbell, from before it looks at the channels until it is
   // done with them: wait() sleeps unless the doorbell rang since.
   class Armed {

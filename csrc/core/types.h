@@ -100,10 +100,11 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 // picks the variant that runs it for the call's compression and determinism: the
 // all-reduce asked for as "ring" in a deterministic mode or with a codec is a direct
 // reduce-scatter and a ring all-gather, "direct+ring"; the reduce-scatter asked for as
-// "oneshot", or as "ring" in those modes, is "direct".
+// "oneshot", or as "ring" in those modes, is "direct"; the tree family's all-reduce is
+// "recursive-doubling" where latency-bound, "tree" (double binary) where it pipelines.
 enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
-  Dissemination,
+  Dissemination, RecursiveDoubling,
 };
 
 // Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what

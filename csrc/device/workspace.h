@@ -18,7 +18,7 @@
 namespace pycomm {
 
 enum class Scratch {
-  Partials,  // hierarchical: fp32 partial sums of this rank's shard
+  Partials,  // hierarchical: fp32 partial sums of this rank's shard; recursive doubling: its partial
   Own,       // compressed: this rank's encoded piece
   Sent,      // compressed one-shot: this rank's contribution, encoded once for every peer
   Results,   // compressed tree: each half's encoded result piece

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -149,6 +150,22 @@ double tree_allreduce_us(const PlanInput& in) {
   c.node_out_bytes = c.rank_bytes;
   return time_us(c, in.costs, s.N > 1);
 }
+double recursive_doubling_allreduce_us(const PlanInput& in) {
+  // Per chunk, log2 p exchanges of a whole partial (two more where n is not a power of
+  // two), each reading two operands and writing one; the exchanges at a distance of at
+  // least a node's ranks leave the node, from every rank of it.
+  const Sizes s(in);
+  const double butterfly = std::floor(std::log2(std::max(s.n, 1.0))), p = std::exp2(butterfly);
+  const double partial = s.B / element_size(in.dtype) * accum_size(in.dtype);  // what a frame carries
+  const double exchanges = butterfly + (s.n > p ? 2 : 0), per_chunk = chunks(partial, s.chunk);
+  Cost c;
+  c.frames = exchanges * per_chunk;
+  c.traffic = 3 * exchanges * s.B;
+  c.steps = exchanges * per_chunk;
+  c.rank_bytes = exchanges * s.B;
+  c.node_out_bytes = s.L > 1 ? s.L * s.B * std::max(0.0, butterfly - std::ceil(std::log2(s.L))) : c.rank_bytes;
+  return time_us(c, in.costs, s.N > 1);
+}
 double hierarchical_allreduce_us(const PlanInput& in) {
   // Intra-node direct reduce-scatter and all-gather (uncompressed), then the L
   // inter-node rings share each node's link: 2 (N-1)/N * W leaves every node.
@@ -191,6 +208,14 @@ bool fits_device_team(const PlanInput& in, std::string*) {
 bool tree_applies(const PlanInput& in, std::string* why) {
   return !ordered(in) || say(why, kPartialSumsTravel);
 }
+// Measured on one host, 4 ranks, 4 KiB: over shared memory the one-shot, whose frames all
+// arrive at once, takes 0.8x recursive doubling's time; over TCP, where each frame costs
+// its receiver a few system calls, recursive doubling takes 0.8x the one-shot's.
+bool recursive_doubling_applies(const PlanInput& in, std::string* why) {
+  if (ordered(in)) return say(why, kPartialSumsTravel);
+  if (!in.network) return say(why, "recursive doubling serves groups whose frames cross TCP");
+  return true;
+}
 bool hierarchical_applies(const PlanInput& in, std::string* why) {
   if (ordered(in)) return say(why, kPartialSumsTravel);
   if (in.topology->node_count() < 2) return say(why, "hierarchical needs more than one node");
@@ -211,8 +236,8 @@ void run_on_device_team(const Context& cx, const Request& rq) {
   cx.device_team->all_reduce(cx.spec(rq), rq.output, rq.input, rq.count, cx.deadline);
 }
 
-// One row per variant a family can run as; within a family the first row that applies
-// runs. Each algorithm serves plain and coded calls of its shape.
+// One row per variant a family can run as; within a family the cheapest row that applies
+// runs (ties: the first). Each algorithm serves plain and coded calls of its shape.
 const std::vector<Row>& rows() {
   using C = Collective;
   using A = Algorithm;
@@ -223,6 +248,8 @@ const std::vector<Row>& rows() {
       {C::AllReduce, A::OneShot, V::OneShotFlags, fits_device_team, flags_allreduce_us, run_on_device_team},
       {C::AllReduce, A::OneShot, V::OneShot, always, oneshot_allreduce_us, oneshot_allreduce},
       {C::AllReduce, A::TwoShot, V::TwoShot, always, twoshot_allreduce_us, twoshot_allreduce},
+      {C::AllReduce, A::Tree, V::RecursiveDoubling, recursive_doubling_applies, recursive_doubling_allreduce_us,
+       recursive_doubling_allreduce},
       {C::AllReduce, A::Tree, V::Tree, tree_applies, tree_allreduce_us, tree_allreduce},
       {C::AllReduce, A::Hierarchical, V::Hierarchical, hierarchical_applies, hierarchical_allreduce_us,
        hierarchical_allreduce},
@@ -258,15 +285,21 @@ Plan plan_of(const Row& row, const PlanInput& in) {
 bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why) {
   std::string first_reason;
   bool known = false;
+  std::optional<Plan> best;
   for (const Row& row : rows()) {
     if (row.collective != in.collective || row.family != a) continue;
     known = true;
     std::string reason;  // built only for a caller that asks why
     if (row.applies(in, why ? &reason : nullptr)) {
-      if (out) *out = plan_of(row, in);
-      return true;
+      const Plan p = plan_of(row, in);
+      if (!best || p.predicted_us < best->predicted_us) best = p;
+    } else if (first_reason.empty()) {
+      first_reason = reason;
     }
-    if (first_reason.empty()) first_reason = reason;
+  }
+  if (best) {
+    if (out) *out = *best;
+    return true;
   }
   if (!known)
     return say(why, selects_algorithm(in.collective)

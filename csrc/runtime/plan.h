@@ -8,7 +8,7 @@
 // The variants are rows of one table (plan.cc): the collective, the algorithm family a
 // request names to get it (PYCOMM_ALGO, algorithm=), the variant that runs, when it
 // applies (compression, determinism, the group's shape), its cost and its function. A
-// family is served by the first of its rows that applies; a family none of whose rows
+// family is served by the cheapest of its rows that apply; a family none of whose rows
 // applies is refused with the reason, and the call runs the automatic choice.
 #pragma once
 
@@ -31,6 +31,7 @@ struct PlanInput {
   const Topology* topology = nullptr;
   size_t chunk_bytes = 1 << 18;  // payload of one frame
   LinkCosts costs;
+  bool network = false;          // some pair of ranks exchanges frames over TCP (nodes, or forced)
   bool device_memory = false;    // the buffers are in GPU memory (see make_plan)
   size_t device_team_bytes = 0;  // all-reduces up to this size can run on the group's device team
 };

@@ -26,27 +26,38 @@
 //     start only when filled_ - released_ < depth); the compute thread's once complete
 //     (released_ <= f < filled_) until end_recv() (++released_).
 // The writer and the reader of a channel are whichever thread holds the channel's mutex:
-// the compute thread writes a small frame straight to the socket in end_send() and reads
-// while it waits in begin_recv_next(), so a message that the socket takes at once costs no
-// hand-off between threads; the I/O thread moves the rest. The mutex guards the counters,
-// the partial-frame offsets, the socket and the failure state, and orders slot contents
-// with the counters. When no inbound slot is free nobody reads that socket, so TCP's flow
-// control is the back-pressure. Every other socket keeps being read, and the two
-// directions of one socket are independent, so a rank blocked sending to A while A is
-// blocked sending to it cannot deadlock: each I/O thread drains into the other's free slots.
+// the compute thread writes a small frame straight to the socket in end_send(), and the
+// I/O thread writes the rest, so that a large frame's copy into the kernel overlaps the
+// sender's next chunk. Input is read by the thread that waits for it: a receive reads its
+// socket itself, spinning and then sleeping in poll() on that socket, so that an arrival
+// wakes the one thread that wants it (an I/O thread woken for every arrival as well costs
+// a context switch per frame, about half the time of a small exchange where ranks share
+// cores). Until a receive comes, frames wait in the kernel's socket buffer. The I/O thread
+// reads a socket only for a recv from any source (which sleeps on the doorbell, see
+// below), and when the peer closes its side. The mutex guards the counters, the
+// partial-frame offsets, the socket and the failure state, and orders slot contents with
+// the counters. When no inbound slot is free nobody reads that socket, so TCP's flow
+// control is the back-pressure. A frame in an outbound slot counts as sent: a sender
+// blocks only when all `pipeline_depth` of its slots wait for the kernel, so algorithms get
+// at least the shared-memory transport's depth of frames in flight per pair.
 //
 // The I/O thread. Connected sockets are registered once with an epoll instance, edge
-// triggered; the thread polls the epoll descriptor, an eventfd and the mesh's handshakes.
+// triggered, for output and the peer's close; input is added to a socket's events only
+// while a recv from any source waits (the channel is `watched_` and the doorbell armed),
+// and dropped at the next visit after it stopped waiting. The thread polls the epoll
+// descriptor, an eventfd and the mesh's handshakes.
 // A thread that changes a channel so that the I/O thread may have work on it (frames the
 // socket did not take, a slot freed, a connection wanted) queues the channel and writes
 // the eventfd if the queue was empty; the I/O thread then visits the channels queued or
 // reported by epoll, and no other: a wake costs the channels that changed, not all of them.
-// Compute threads spin per SpinPolicy, then sleep on the channel's condition variable in
-// slices of at most kLivenessSlice. Each frame that arrives rings the rank's doorbell
+// Compute threads spin per SpinPolicy, then sleep in slices of at most kLivenessSlice: a
+// receive in poll() on its socket and the transport's abort eventfd, anything else on the
+// channel's condition variable. Each frame read into a slot rings the rank's doorbell
 // (TransportSetup::doorbell).
 //
-// Failure. abort(reason) marks the transport aborted (every wait throws the reason at once)
-// and wakes the I/O thread, which finishes the frame each socket is in the middle of
+// Failure. abort(reason) marks the transport aborted (every wait throws the reason at once:
+// condition variables are notified, and the abort eventfd, which sleeping receives poll,
+// becomes readable for good) and wakes the I/O thread, which finishes the frame each socket is in the middle of
 // writing, sends an Abort frame and shuts each socket down, giving up after kAbortFlush. A
 // received Abort frame fails that channel with "<peer> aborted: <reason>". EOF, ECONNRESET
 // and EPIPE (sends use MSG_NOSIGNAL) fail the channel with "connection to <peer> lost: ...".
@@ -181,6 +192,11 @@ class TcpChannel final : public Channel {
   // Sleeps one slice; throws Timeout once `deadline` has passed, PeerFailure once a peer of
   // this host that never connected has exited.
   void sleep(Lock& lk, const Deadline& deadline, const char* what);
+  // A receive's sleep on a connected channel: one slice in poll() on the socket (and the
+  // abort eventfd), then reads what came; handles the peer's close where poll() saw it.
+  void await_input(Lock& lk, const Deadline& deadline, const char* what);
+  // Throws Timeout once `deadline` has passed.
+  void throw_if_late(const Deadline& deadline, const char* what) const;
   template <class Ready>
   void wait(Lock& lk, const Deadline& deadline, const char* what, bool sending, Ready ready);
 
@@ -231,6 +247,9 @@ class TcpChannel final : public Channel {
   bool dead_ = false;       // error_ set: no more I/O
   bool rdhup_seen_ = false; // the peer's half-close handled once
   bool connected_ = false;  // sock_ is set
+  bool polling_ = false;    // a receive sleeps in poll() on sock_: only it reads the socket
+  bool watched_ = false;    // a recv from any source found nothing here: push arrivals
+  bool in_armed_ = false;   // input is among sock_'s epoll events (set by the I/O thread)
   bool wanted_ = false;     // an operation used the channel: connect it
   std::string pending_;     // while wanted and not connected: why not yet
 
@@ -246,7 +265,8 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TransportSetup& s) : spin_(s.spin), doorbell_(s.doorbell), linger_(s.linger) {
     validate(s);
     wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!wake_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
+    abort_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd_ || !abort_fd_) fail(ErrorKind::Internal, errno_message("pycomm: eventfd"));
     epoll_fd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_fd_) fail(ErrorKind::Internal, errno_message("pycomm: epoll_create1"));
     channels_.resize(s.size);
@@ -286,6 +306,9 @@ class TcpTransport final : public Transport {
       abort_reason_ = reason.empty() ? std::string("pycomm: aborted") : reason;
       aborted_.store(true, std::memory_order_release);
     }
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(abort_fd_.get(), &one, sizeof one);  // wakes receives in poll()
+    (void)ignored;
     for (auto& c : channels_) {
       if (!c) continue;
       std::lock_guard<std::mutex> lk(c->mu_);
@@ -332,11 +355,7 @@ class TcpTransport final : public Transport {
   void attach_connected() {
     for (auto& [p, fd] : mesh_->take_connected()) {
       TcpChannel& c = *channels_[p];
-      epoll_event e{};
-      e.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-      e.data.u32 = static_cast<uint32_t>(p);
-      if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd.get(), &e) != 0)
-        fail(ErrorKind::Internal, errno_message("pycomm: epoll_ctl"));
+      register_events(p, fd.get(), EPOLL_CTL_ADD, false);
       std::lock_guard<std::mutex> lk(c.mu_);
       c.sock_ = std::move(fd);
       c.connected_ = true;
@@ -344,6 +363,15 @@ class TcpTransport final : public Transport {
       c.changed();
       queue(c);  // frames that waited for the connection
     }
+  }
+
+  // Sets the epoll events of peer p's socket: output and the peer's close, and input when
+  // `input` (see the top).
+  void register_events(int p, int fd, int op, bool input) {
+    epoll_event e{};
+    e.events = (input ? EPOLLIN : 0) | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    e.data.u32 = static_cast<uint32_t>(p);
+    if (::epoll_ctl(epoll_fd_.get(), op, fd, &e) != 0) fail(ErrorKind::Internal, errno_message("pycomm: epoll_ctl"));
   }
 
   void wake_io() {
@@ -384,6 +412,7 @@ class TcpTransport final : public Transport {
   std::atomic<bool> stopping_{false};
   bool abort_begun_ = false;          // I/O thread only
   Fd wake_fd_, epoll_fd_;
+  Fd abort_fd_;  // readable once aborted: receives sleeping in poll() watch it
   std::vector<std::unique_ptr<TcpChannel>> channels_;  // by rank; fixed after construction
   std::unique_ptr<tcp::Mesh> mesh_;                    // I/O thread only, after construction
   std::mutex queue_mu_;
@@ -410,16 +439,36 @@ void TcpChannel::sleep(Lock& lk, const Deadline& deadline, const char* what) {
   // process tells. Watched per slice, so that no descriptor is held between waits.
   if (!connected_ && same_host_ && PeerWatch(peer_.pid).exited())
     fail(ErrorKind::PeerFailure, peer_.describe() + " exited before it connected over TCP");
+  throw_if_late(deadline, what);
+  cv_.wait_until(lk, std::min(deadline.at, Clock::now() + kLivenessSlice));
+}
+
+void TcpChannel::throw_if_late(const Deadline& deadline, const char* what) const {
   if (deadline.expired())
     fail(ErrorKind::Timeout, std::string("timed out waiting to ") + what + " " + peer_.describe() + " over TCP" +
                                  (connected_ ? "" : " (not connected: " + pending_ + ")"));
-  cv_.wait_until(lk, std::min(deadline.at, Clock::now() + kLivenessSlice));
+}
+
+void TcpChannel::await_input(Lock& lk, const Deadline& deadline, const char* what) {
+  throw_if_late(deadline, what);
+  pollfd fds[2] = {{sock_.get(), POLLIN | POLLRDHUP, 0}, {t_->abort_fd_.get(), POLLIN, 0}};
+  polling_ = true;
+  lk.unlock();
+  const int n = ::poll(fds, 2, poll_timeout_ms(std::min(deadline.at, Clock::now() + kLivenessSlice)));
+  lk.lock();
+  polling_ = false;
+  if (n <= 0 || !movable() || t_->aborted()) return;
+  read_some();
+  // The I/O thread leaves a polled socket alone, the peer's close included.
+  const uint32_t closed = static_cast<uint32_t>(fds[0].revents) & (POLLRDHUP | POLLHUP | POLLERR);
+  if (closed && movable() && !rdhup_seen_) peer_closed(closed);
 }
 
 // Returns with `lk` (on mu_) held once `ready()` (evaluated under mu_) holds; throws on
 // abort, failure or timeout. For SpinPolicy::spin a receive reads what the socket has
-// itself, yielding the core between looks; then it sleeps, and the I/O thread moves the
-// bytes (it always writes what a send waits for).
+// itself, yielding the core between looks; then it sleeps in poll() on the socket, reading
+// what wakes it. A send sleeps until the I/O thread has written enough (it always writes
+// what a send waits for).
 template <class Ready>
 void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool sending, Ready ready) {
   const auto spin_end = Clock::now() + t_->spin_.spin;
@@ -427,7 +476,8 @@ void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool
     if (!t_->aborted() && ready()) return;
     throw_if_failed(sending);
     if (!spinning) {
-      sleep(lk, deadline, what);
+      if (!sending && movable()) await_input(lk, deadline, what);
+      else sleep(lk, deadline, what);
       continue;
     }
     if (!sending && movable()) read_some();
@@ -480,6 +530,10 @@ std::optional<FrameHeader> TcpChannel::peek_recv() {
   if (filled_ == released_ && movable() && !t_->aborted()) read_some();
   if (!t_->aborted() && filled_ != released_) return in_hdr_[released_ % depth_];
   throw_if_failed(false);
+  if (!watched_) {  // its caller sleeps on the doorbell next: have arrivals pushed
+    watched_ = true;
+    if (!in_armed_) t_->queue(*this);
+  }
   return std::nullopt;
 }
 
@@ -488,7 +542,7 @@ void TcpChannel::end_recv() {
   if (filled_ == released_) return;
   const bool was_full = filled_ - released_ == depth_;
   ++released_;
-  if (was_full && movable()) t_->queue(*this);  // input may wait in the socket for this slot
+  if (was_full && movable() && in_armed_) t_->queue(*this);  // input may wait in the socket for this slot
 }
 
 // ---- The channel's I/O, by whichever thread holds mu_. ----
@@ -808,9 +862,15 @@ void TcpTransport::visit(TcpChannel& c, uint32_t events, std::vector<int>& to_co
   }
   if (c.dead_ || c.closed_) return;
   if (abort_begun_) return c.write_abort();
-  c.read_some();
+  if (c.watched_ && !doorbell_.waiting()) c.watched_ = false;  // the recv from any source is over
+  if (c.watched_ != c.in_armed_) {
+    register_events(c.peer(), c.sock_.get(), EPOLL_CTL_MOD, c.watched_);
+    c.in_armed_ = c.watched_;
+  }
+  const bool closed = events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+  if (!c.polling_ && (c.in_armed_ || closed)) c.read_some();
   if (!c.dead_) c.write_some();
-  if (!c.dead_ && !c.rdhup_seen_ && (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) c.peer_closed(events);
+  if (!c.dead_ && !c.polling_ && !c.rdhup_seen_ && closed) c.peer_closed(events);
 }
 
 bool TcpTransport::flushed() {

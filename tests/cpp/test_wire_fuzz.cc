@@ -864,7 +864,7 @@ std::vector<FrameCase> frame_cases() {
       {"collective 255", with([](FrameHeader& h) { h.op.collective = 255; }), K::Mismatch, "collective 255"},
       {"dtype 9 (out of range)", with([](FrameHeader& h) { h.op.dtype = 9; }), K::Mismatch, "dtype 9"},
       {"reduce op 200", with([](FrameHeader& h) { h.op.reduce = 200; }), K::Mismatch, "reduce op 200"},
-      {"variant 12 (out of range)", with([](FrameHeader& h) { h.op.variant = 12; }), K::Mismatch, "variant 12"},
+      {"variant 13 (out of range)", with([](FrameHeader& h) { h.op.variant = 13; }), K::Mismatch, "variant 13"},
       {"root -1", with([](FrameHeader& h) { h.op.root = -1; }), K::Mismatch, "ranks called different"},
       {"root INT_MIN", with([](FrameHeader& h) { h.op.root = INT_MIN; }), K::Mismatch, "ranks called different"},
       {"compression 5 (out of range)", with([](FrameHeader& h) { h.op.compression = 5; }), K::Mismatch,
