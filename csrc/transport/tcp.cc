@@ -57,8 +57,8 @@
 //
 // Failure. abort(reason) marks the transport aborted (every wait throws the reason at once:
 // condition variables are notified, and the abort eventfd, which sleeping receives poll,
-// becomes readable for good) and wakes the I/O thread, which finishes the frame each socket is in the middle of
-// writing, sends an Abort frame and shuts each socket down, giving up after kAbortFlush. A
+// becomes readable for good) and wakes the I/O thread, which finishes the frame each
+// socket is in the middle of writing, sends an Abort frame and shuts each socket down, giving up after kAbortFlush. A
 // received Abort frame fails that channel with "<peer> aborted: <reason>". EOF, ECONNRESET
 // and EPIPE (sends use MSG_NOSIGNAL) fail the channel with "connection to <peer> lost: ...".
 // Frames already complete in inbound slots stay readable after a channel failed (a peer
@@ -248,6 +248,7 @@ class TcpChannel final : public Channel {
   bool rdhup_seen_ = false; // the peer's half-close handled once
   bool connected_ = false;  // sock_ is set
   bool polling_ = false;    // a receive sleeps in poll() on sock_: only it reads the socket
+  uint32_t close_seen_ = 0; // the peer's close, as epoll reported it while polling_
   bool watched_ = false;    // a recv from any source found nothing here: push arrivals
   bool in_armed_ = false;   // input is among sock_'s epoll events (set by the I/O thread)
   bool wanted_ = false;     // an operation used the channel: connect it
@@ -369,7 +370,7 @@ class TcpTransport final : public Transport {
   // `input` (see the top).
   void register_events(int p, int fd, int op, bool input) {
     epoll_event e{};
-    e.events = (input ? EPOLLIN : 0) | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    e.events = (input ? static_cast<uint32_t>(EPOLLIN) : 0u) | EPOLLOUT | EPOLLRDHUP | EPOLLET;
     e.data.u32 = static_cast<uint32_t>(p);
     if (::epoll_ctl(epoll_fd_.get(), op, fd, &e) != 0) fail(ErrorKind::Internal, errno_message("pycomm: epoll_ctl"));
   }
@@ -457,10 +458,12 @@ void TcpChannel::await_input(Lock& lk, const Deadline& deadline, const char* wha
   const int n = ::poll(fds, 2, poll_timeout_ms(std::min(deadline.at, Clock::now() + kLivenessSlice)));
   lk.lock();
   polling_ = false;
-  if (n <= 0 || !movable() || t_->aborted()) return;
+  if ((n <= 0 && !close_seen_) || !movable() || t_->aborted()) return;
   read_some();
-  // The I/O thread leaves a polled socket alone, the peer's close included.
-  const uint32_t closed = static_cast<uint32_t>(fds[0].revents) & (POLLRDHUP | POLLHUP | POLLERR);
+  // The I/O thread leaves a polled socket alone, the peer's close included (an edge it saw
+  // after poll() returned is in close_seen_).
+  const uint32_t closed =
+      (static_cast<uint32_t>(fds[0].revents) & (POLLRDHUP | POLLHUP | POLLERR)) | std::exchange(close_seen_, 0);
   if (closed && movable() && !rdhup_seen_) peer_closed(closed);
 }
 
@@ -867,7 +870,8 @@ void TcpTransport::visit(TcpChannel& c, uint32_t events, std::vector<int>& to_co
     register_events(c.peer(), c.sock_.get(), EPOLL_CTL_MOD, c.watched_);
     c.in_armed_ = c.watched_;
   }
-  const bool closed = events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+  const uint32_t closed = events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+  if (c.polling_) c.close_seen_ |= closed;  // the receive in poll() handles it
   if (!c.polling_ && (c.in_armed_ || closed)) c.read_some();
   if (!c.dead_) c.write_some();
   if (!c.dead_ && !c.polling_ && !c.rdhup_seen_ && closed) c.peer_closed(events);
