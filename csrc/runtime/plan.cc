@@ -212,9 +212,7 @@ bool tree_applies(const PlanInput& in, std::string* why) {
 // arrive at once, takes 0.8x recursive doubling's time; over TCP, where each frame costs
 // its receiver a few system calls, recursive doubling takes 0.8x the one-shot's.
 bool recursive_doubling_applies(const PlanInput& in, std::string* why) {
-  if (ordered(in)) return say(why, kPartialSumsTravel);
-  if (!in.network) return say(why, "recursive doubling serves groups whose frames cross TCP");
-  return true;
+  return tree_applies(in, why) && (in.network || say(why, "recursive doubling serves groups whose frames cross TCP"));
 }
 bool hierarchical_applies(const PlanInput& in, std::string* why) {
   if (ordered(in)) return say(why, kPartialSumsTravel);
