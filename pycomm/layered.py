@@ -4,6 +4,11 @@ backend is not pycomm (nccl, gloo, mpi, any registered backend).
 That group, the *mover*, only moves bytes; pycomm reduces. The algorithm is the native
 direct one (twoshot), with the mover's collectives in place of pycomm's transports:
 
+0. Agreement: one all-gather of every rank's stamp of the call (sequence number,
+   collective, count, dtype, reduction, codec, block, determinism mode), of the same
+   size whatever the call, compared before anything else moves: ranks that disagree
+   fail the call on every rank, naming the field and both values, as the native path
+   does, instead of folding what does not belong together.
 1. Segments: the buffer is cut over the ranks as the native path cuts it
    (``_C.segment_begins``; whole codec blocks under a codec, so blocks start at multiples
    of the block in the tensor).
@@ -26,13 +31,16 @@ twoshot and ring, and in deterministic modes every algorithm's). Levels: D0-D3 i
 Devices and streams: CPU tensors are folded by the CPU ops before each step returns. CUDA
 tensors are folded by kernels enqueued on the caller's current stream, and the mover's
 collectives are called blocking (``async_op=False``), which for NCCL orders them on the
-current stream without a host synchronization; nothing here waits on the host.
+current stream without a host synchronization; nothing here waits on the host. So on
+CUDA the stamps are compared on the device (``torch._assert_async``): a disagreement
+stops the process with a device-side assertion rather than a DistBackendError.
 """
 from __future__ import annotations
 
 import itertools
 import sys
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -110,6 +118,7 @@ class _GroupRecord:
         self.seq = itertools.count(1)
         self.collectives = {}
         self.last = None
+        self.options = {}  # the options of each kind of call, read from the environment once
 
     def stats(self):
         return {"group": self.name, "rank": self.rank, "size": self.size, "mover": self.mover,
@@ -130,17 +139,33 @@ def record_of(group, device="cpu"):
     return held[1]
 
 
+# A stamp: this marker, then the fields of _Call.stamp, each an int64 (see _code).
+_STAMP_MARK = 0x70634C53
+_STAMP_FIELDS = ("sequence number", "collective", "count", "dtype", "reduce op", "compression", "block",
+                 "determinism")
+
+
+def _code(value):
+    """A stamp field as an int64: integers as they are, names by their CRC-32."""
+    return value if isinstance(value, int) else zlib.crc32(value.encode())
+
+
 class _Call:
     """One layered operation: its options (decided by the native path's rules), the
-    mover's collectives with their failures wrapped, and its record, stats and log line."""
+    mover's collectives with their failures wrapped, and its record, stats and log line.
+    Made once every rank agrees on the call (:meth:`agree`)."""
 
-    def __init__(self, collective, group, like, op, nbytes, compression, deterministic):
+    def __init__(self, collective, group, like, op, nbytes, compression, deterministic, count):
         self.group, self.dtype, self.op = group, like.dtype, op
-        options = _C.layered_options(collective, like.dtype, op, compression or "", deterministic or "")
+        self.record = record_of(group, like.device)
+        key = (collective, like.dtype, _op_name(op), compression or "", deterministic or "")
+        options = self.record.options.get(key)
+        if options is None:
+            options = self.record.options[key] = _C.layered_options(collective, like.dtype, op, compression or "",
+                                                                    deterministic or "")
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
         self.log_level, self.exact = options.log_level, options.determinism == "exact"
         self.kernel = kernels_for(like.device)
-        self.record = record_of(group, like.device)
         self.rank, self.size = self.record.rank, self.record.size
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
         self.nbytes = nbytes
@@ -149,6 +174,34 @@ class _Call:
                       "compression": self.codec, "determinism": self.determinism, "state": "running",
                       "start_unix_us": int(time.time() * 1e6), "duration_us": 0.0}
         self.started = time.perf_counter()
+        self.stamp = (self.entry["seq"], collective, count, self.entry["dtype"], self.entry["reduce_op"], self.codec,
+                      self.block, self.determinism)
+        self.agree(like.device)
+
+    def agree(self, device):
+        """Step 0: every rank's stamp, gathered and compared with this rank's."""
+        mine = torch.tensor([_STAMP_MARK, *map(_code, self.stamp)], dtype=torch.int64,
+                            pin_memory=device.type == "cuda").to(device, non_blocking=True)
+        everyone = torch.empty(self.size * mine.numel(), dtype=torch.int64, device=device)
+        self.wait(self.move(_ALL_GATHER, everyone, mine))
+        everyone = everyone.view(self.size, -1)
+        if device.type == "cuda":  # no host synchronization: see the top
+            torch._assert_async((everyone == mine).all(), "pycomm: ranks called different layered collectives or "
+                                                          "arguments (stamps differ)")
+            return
+        for peer, theirs in enumerate(everyone.tolist()):
+            if theirs[0] != _STAMP_MARK:
+                self.disagree(f"rank {peer} sent something else than a stamp: it is in another operation")
+            for field, value, code in zip(_STAMP_FIELDS, self.stamp, theirs[1:]):
+                if _code(value) != code:
+                    self.disagree(f"rank {peer} called it with {field} {_decoded(code, value)} where this rank has "
+                                  f"{value}")
+
+    def disagree(self, what):
+        message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: ranks called different " \
+                  "collectives or arguments"
+        self.end(message)
+        raise dist.DistBackendError(message)
 
     def describe(self):
         e = self.entry
@@ -204,6 +257,17 @@ class _Call:
 
 def _op_name(op):
     return str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+
+
+def _decoded(code, like):
+    """A peer's stamp field for a message: an integer field as it is; a name by the
+    names this rank knows for that field."""
+    if isinstance(like, int):
+        return code
+    names = ["allreduce", "reduce_scatter", "allgather", "none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "0", "1",
+             "exact", *(str(d).split(".")[-1] for d in vars(torch).values() if isinstance(d, torch.dtype)),
+             *dist.ReduceOp.RedOpType.__members__]
+    return next((name for name in names if _code(name) == code), f"(unknown, code {code})")
 
 
 def _bytes(t):
@@ -276,7 +340,8 @@ def _parts(count, unit, element_bytes):
 
 def all_reduce(tensor, op, group, compression, deterministic, async_op):
     flat = _dense(tensor)
-    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), compression, deterministic)
+    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), compression, deterministic,
+                 flat.numel())
     n, r, es, count = call.size, call.rank, flat.element_size(), flat.numel()
     if count == 0:
         return call.work(tensor, async_op)
@@ -335,7 +400,7 @@ def reduce_scatter_tensor(output, input, op, group, compression, deterministic, 
         raise ValueError(f"pycomm: reduce_scatter: the input holds {flat_in.numel()} {input.dtype} elements; a group "
                          f"of {n} needs {n} x the output's {count} {output.dtype} elements")
     call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), compression,
-                 deterministic)
+                 deterministic, flat_in.numel())
     if count == 0:
         return call.work(output, async_op)
     begins = _C.segment_begins(count * n, n, 1)  # blocks start at each rank's segment
@@ -360,7 +425,7 @@ def all_gather_into_tensor(output, input, group, compression, deterministic, asy
         raise ValueError(f"pycomm: allgather: the output holds {out.numel()} {output.dtype} elements; a group of "
                          f"{n} needs {n} x the input's {count} {input.dtype} elements")
     call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), compression,
-                 deterministic)
+                 deterministic, flat_in.numel())
     if count == 0:
         return call.work(output, async_op)
     if call.codec == "none":

@@ -217,11 +217,68 @@ def mover_fails_world(rank, ws, how):
 
 @pytest.mark.parametrize("how", ["killed", "late"])
 def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
+    from pycomm import layered
+
     results = run_world(mover_fails_world, 3, args=(how,), timeout=120,
                         expect_killed=(2,) if how == "killed" else ())
     for rank in (0, 1):
         message, failures = results[rank]
         assert message.startswith(f"pycomm: allreduce #2 (layered-direct over gloo) on group "), message
-        assert f"failed on rank {rank}: all_to_all_single: " in message, message
+        assert f"failed on rank {rank}: {layered._ALL_GATHER}: " in message, message  # the stamps' gather
         assert how == "killed" or "timed out" in message.lower() or "timeout" in message.lower(), message
         assert failures == 1
+
+
+# What each rank passes where the ranks disagree, and the field each error must name:
+# (rank 0's, the others'), rank 0's value and the others' as they read in the message.
+DISAGREEMENTS = {
+    "compression": ({"compression": "fp8_e4m3"}, {"compression": "fp8_e5m2"}, "fp8_e4m3", "fp8_e5m2"),
+    "determinism": ({"deterministic": "exact"}, {"deterministic": 1}, "exact", "1"),
+    "count": ({"count": 1001}, {"count": 1000}, "1001", "1000"),
+    "dtype": ({"dtype": torch.float64}, {"dtype": torch.float32}, "float64", "float32"),
+}
+
+
+def disagreeing_world(rank, ws, field, collective):
+    """Rank 0 calls the collective with another value of `field` than the others; then
+    every rank makes the same call, which must still work."""
+    import pycomm
+
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    theirs = dict(DISAGREEMENTS[field][0 if rank == 0 else 1])
+    count, dtype = theirs.pop("count", 1000), theirs.pop("dtype", torch.float32)
+
+    def call(n, dtype, **kw):
+        x = torch.ones(n * (ws if collective == "reduce_scatter" else 1), dtype=dtype)
+        return _run(collective, gloo, x, dist.ReduceOp.SUM, kw.get("compression"), kw.get("deterministic", True), ws)
+
+    started = time.monotonic()
+    try:
+        call(count, dtype, **theirs)
+        error = None
+    except dist.DistBackendError as e:
+        error = str(e)
+    took = time.monotonic() - started
+    after = call(1000, torch.float32)
+    return error, took, after.sum().item()
+
+
+@pytest.mark.parametrize("field", sorted(DISAGREEMENTS))
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_ranks_that_disagree_fail_on_every_rank(field, collective):
+    if collective == "allgather" and field == "determinism":
+        pytest.skip("an all-gather has no fold: its determinism mode does not change a bit")
+    ws = 3
+    results = run_world(disagreeing_world, ws, args=(field, collective), timeout=120)
+    _, _, zero, others = DISAGREEMENTS[field]  # as rank 0 and the others pass them
+    for rank, (error, took, after) in enumerate(results):
+        assert error is not None, f"rank {rank}: the call succeeded"
+        mine, peer, theirs = (zero, 1, others) if rank == 0 else (others, 0, zero)
+        assert f"#1 (layered-direct over gloo) on group" in error and f"failed on rank {rank}: " in error, error
+        if field == "count" and collective == "reduce_scatter":  # its count is the input's
+            mine, theirs = str(int(mine) * ws), str(int(theirs) * ws)
+        assert f"rank {peer} called it with {field} {theirs} where this rank has {mine}: ranks called different " \
+            "collectives or arguments" in error, error
+        assert took < 30, f"rank {rank} took {took:.1f} s to fail"
+        assert after == {"allreduce": 3000, "reduce_scatter": 3000, "allgather": 3000}[collective]
+
