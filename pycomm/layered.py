@@ -28,7 +28,9 @@ twoshot and ring, and in deterministic modes every algorithm's). Levels: D0-D3 i
 (a fixed fold order over logical ranks, whatever the mover does), D0-D5 in exact mode
 (the exact sum depends only on the multiset of contributions).
 
-Devices and streams: CPU tensors are folded by the CPU ops before each step returns. CUDA
+Devices and streams: CPU tensors are folded by the CPU ops, on the calling thread, or on
+the group's lane (a thread of its own) from its first asynchronous call on, so that the
+caller overlaps the call with its own work (see _Call.run). CUDA
 tensors are folded by kernels enqueued on the caller's current stream, and the mover's
 collectives are called blocking (``async_op=False``), which for NCCL orders them on the
 current stream without a host synchronization; nothing here waits on the host. So on
@@ -41,6 +43,7 @@ import itertools
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -62,30 +65,36 @@ def mover_name(group, device):
 
 
 class LayeredWork:
-    """What an asynchronous layered call returns. Its steps were done (CPU) or enqueued on
-    the current stream (CUDA) by the time the call returned, so nothing is left to wait
-    for on the host; ``get_future()`` yields ``[result]`` like a pycomm Work's."""
+    """What an asynchronous layered call returns; ``get_future()`` yields ``[result]``
+    like a pycomm Work's. On CUDA tensors it is complete on return (the steps were enqueued
+    on the current stream); on CPU tensors once the group's lane ran the call (see
+    _Call.run), and wait() raises the call's error."""
 
-    def __init__(self, result, algorithm, compression, determinism):
-        self.algorithm, self.compression, self.determinism = algorithm, compression, determinism
-        self._result = result
-        self._future = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
-        self._future.set_result([result])
+    def __init__(self, future, call):
+        self.algorithm, self.compression, self.determinism = call.algorithm, call.codec, call.determinism
+        self._future = future
 
     def wait(self, timeout=None):
+        self._future.wait()
         return True
 
     def is_completed(self):
-        return True
+        return self._future.done()
 
     def is_success(self):
-        return True
+        return self._future.done() and self.exception() is None
 
     def exception(self):
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as e:  # noqa: BLE001 - the call's error, whatever it is
+            return e
         return None
 
     def result(self):
-        return [self._result]
+        return self._future.wait()
 
     def get_future(self):
         return self._future
@@ -119,6 +128,7 @@ class _GroupRecord:
         self.collectives = {}
         self.last = None
         self.options = {}  # the options of each kind of call, read from the environment once
+        self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
 
     def stats(self):
         return {"group": self.name, "rank": self.rank, "size": self.size, "mover": self.mover,
@@ -132,9 +142,11 @@ _records: dict[str, tuple[int, _GroupRecord]] = {}
 def record_of(group, device="cpu"):
     """The record of ``group``'s layered calls (made at its first call). Kept by the
     group's name, and renewed when a new group object takes a name (the old one
-    destroyed), without holding the group alive."""
+    destroyed, its lane let go once idle), without holding the group alive."""
     held = _records.get(group.group_name)
     if held is None or held[0] != id(group):
+        if held is not None and held[1].lane is not None:
+            held[1].lane.shutdown(wait=False)
         held = _records[group.group_name] = (id(group), _GroupRecord(group, mover_name(group, device)))
     return held[1]
 
@@ -153,7 +165,7 @@ def _code(value):
 class _Call:
     """One layered operation: its options (decided by the native path's rules), the
     mover's collectives with their failures wrapped, and its record, stats and log line.
-    Made once every rank agrees on the call (:meth:`agree`)."""
+    Its steps (:meth:`run`) begin with the ranks' agreement on it (:meth:`agree`)."""
 
     def __init__(self, collective, group, like, op, nbytes, compression, deterministic, count):
         self.group, self.dtype, self.op = group, like.dtype, op
@@ -176,10 +188,52 @@ class _Call:
         self.started = time.perf_counter()
         self.stamp = (self.entry["seq"], collective, count, self.entry["dtype"], self.entry["reduce_op"], self.codec,
                       self.block, self.determinism)
-        self.agree(like.device)
+        self.device = like.device
 
-    def agree(self, device):
+    def run(self, steps, result, async_op):
+        """Runs the agreement, then ``steps``; returns a LayeredWork for ``async_op``, else
+        None. On CUDA tensors at once (the steps only enqueue work on the stream); on CPU
+        tensors on the group's *lane*, a thread of its own from the group's first
+        asynchronous call on: the caller goes on (DDP and FSDP overlap the reduction with
+        backward) and the lane makes the calls one after the other, in the order they were
+        made, so that every rank starts the mover's collectives in the same order. From
+        then on a call without ``async_op`` waits for its turn on the lane too. While a
+        call is on the lane, the mover group must not be used directly: the order of its
+        collectives would then differ between ranks."""
+        lane = self.record.lane
+        if self.device.type == "cuda" or (lane is None and not async_op):
+            self.agree()
+            steps()
+            self.end()
+            if not async_op:
+                return None
+            done = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
+            done.set_result([result])
+            return LayeredWork(done, self)
+        if lane is None:
+            lane = self.record.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pycomm-layered")
+        future = torch.futures.Future()
+
+        def on_lane():
+            try:
+                self.agree()
+                steps()
+                self.end()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(e)
+                return
+            future.set_result([result])
+
+        lane.submit(on_lane)
+        work = LayeredWork(future, self)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def agree(self):
         """Step 0: every rank's stamp, gathered and compared with this rank's."""
+        device = self.device
         mine = torch.tensor([_STAMP_MARK, *map(_code, self.stamp)], dtype=torch.int64,
                             pin_memory=device.type == "cuda").to(device, non_blocking=True)
         everyone = torch.empty(self.size * mine.numel(), dtype=torch.int64, device=device)
@@ -249,10 +303,6 @@ class _Call:
             print(f"pycomm: group '{self.record.name}': {self.entry['collective']} #{self.entry['seq']}: "
                   f"{self.nbytes} B, algorithm {self.algorithm}, compression {self.codec}, determinism "
                   f"{self.determinism}, {seconds * 1e6:.1f} us", file=sys.stderr, flush=True)
-
-    def work(self, result, async_op):
-        self.end()
-        return LayeredWork(result, self.algorithm, self.codec, self.determinism) if async_op else None
 
 
 def _op_name(op):
@@ -342,9 +392,13 @@ def all_reduce(tensor, op, group, compression, deterministic, async_op):
     flat = _dense(tensor)
     call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), compression, deterministic,
                  flat.numel())
+    return call.run(lambda: _all_reduce(call, tensor, flat), tensor, async_op)
+
+
+def _all_reduce(call, tensor, flat):
     n, r, es, count = call.size, call.rank, flat.element_size(), flat.numel()
     if count == 0:
-        return call.work(tensor, async_op)
+        return
     coded = call.codec != "none"
     unit = call.block if coded else 1
     piece = (lambda m: _C.encoded_size(call.codec, call.block, m)) if coded else (lambda m: m * es)
@@ -390,7 +444,6 @@ def all_reduce(tensor, op, group, compression, deterministic, async_op):
             unpack(*to_unpack)
         to_fold, to_unpack = scattered, gathering
     _settle(tensor, flat)
-    return call.work(tensor, async_op)
 
 
 def reduce_scatter_tensor(output, input, op, group, compression, deterministic, async_op):
@@ -401,8 +454,13 @@ def reduce_scatter_tensor(output, input, op, group, compression, deterministic, 
                          f"of {n} needs {n} x the output's {count} {output.dtype} elements")
     call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), compression,
                  deterministic, flat_in.numel())
+    return call.run(lambda: _reduce_scatter(call, output, out, flat_in), output, async_op)
+
+
+def _reduce_scatter(call, output, out, flat_in):
+    n, count = call.size, out.numel()
     if count == 0:
-        return call.work(output, async_op)
+        return
     begins = _C.segment_begins(count * n, n, 1)  # blocks start at each rank's segment
     moving, terms, forms = _exchange(call, flat_in, begins, flat_in.element_size())
     call.wait(moving)
@@ -415,7 +473,6 @@ def reduce_scatter_tensor(output, input, op, group, compression, deterministic, 
     else:
         call.fold(out, terms, forms, count, Stage.Final)
     _settle(output, out)
-    return call.work(output, async_op)
 
 
 def all_gather_into_tensor(output, input, group, compression, deterministic, async_op):
@@ -426,8 +483,13 @@ def all_gather_into_tensor(output, input, group, compression, deterministic, asy
                          f"{n} needs {n} x the input's {count} {input.dtype} elements")
     call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), compression,
                  deterministic, flat_in.numel())
+    return call.run(lambda: _all_gather(call, output, out, flat_in), output, async_op)
+
+
+def _all_gather(call, output, out, flat_in):
+    n, count = call.size, flat_in.numel()
     if count == 0:
-        return call.work(output, async_op)
+        return
     if call.codec == "none":
         call.wait(call.move(_ALL_GATHER, out, flat_in))
     else:
@@ -439,4 +501,3 @@ def all_gather_into_tensor(output, input, group, compression, deterministic, asy
         for s, block in enumerate(_pieces(gathered, [mine.numel()] * n)):
             call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)
     _settle(output, out)
-    return call.work(output, async_op)

@@ -169,11 +169,13 @@ def observability_world(rank, ws):
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     t = torch.ones(1000)
 
-    def call():
-        return pycomm.all_reduce(t, group=gloo, compression="bf16", deterministic="exact", async_op=True)
+    def call():  # the line is written when the call completes: on CPU tensors, on the group's lane
+        work = pycomm.all_reduce(t, group=gloo, compression="bf16", deterministic="exact", async_op=True)
+        assert work.wait()
+        return work
 
     work, log = capture_stderr(call)
-    assert work.wait() and work.is_completed()
+    assert work.is_completed()
     assert work.algorithm == "layered-direct over gloo", work.algorithm
     assert (work.compression, work.determinism) == ("bf16", "exact")
     assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
@@ -282,3 +284,46 @@ def test_ranks_that_disagree_fail_on_every_rank(field, collective):
         assert took < 30, f"rank {rank} took {took:.1f} s to fail"
         assert after == {"allreduce": 3000, "reduce_scatter": 3000, "allgather": 3000}[collective]
 
+
+
+def overlap_world(rank, ws):
+    """Asynchronous calls on CPU tensors return before the mover has carried them (the last
+    rank joins late); several in flight, then a blocking one, keep their order; an error
+    reaches wait()."""
+    import pycomm
+
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    if rank == ws - 1:
+        time.sleep(2)
+    started = time.monotonic()
+    tensors = [torch.full((1 << 16,), float(rank + i)) for i in range(3)]
+    works = [pycomm.all_reduce(t, group=gloo, deterministic="exact", async_op=True) for t in tensors]
+    returned = time.monotonic() - started
+    pending = [w.is_completed() for w in works]
+    last = torch.ones(10)
+    pycomm.all_reduce(last, group=gloo)  # blocking: after the three
+    finished = [w.is_completed() for w in works]
+    for w in works:
+        w.wait()
+    bad = pycomm.all_reduce(torch.ones(10 + (rank == 0)), group=gloo, async_op=True)
+    try:
+        bad.wait()
+        error = None
+    except dist.DistBackendError as e:
+        error = str(e)
+    return (returned, pending, finished, [t[0].item() for t in tensors], last.sum().item(), error,
+            isinstance(bad.exception(), dist.DistBackendError), works[0].algorithm)
+
+
+def test_asynchronous_calls_overlap_the_caller():
+    ws = 3
+    results = run_world(overlap_world, ws, timeout=120)
+    for rank, (returned, pending, finished, firsts, last, error, failed, algorithm) in enumerate(results):
+        if rank < ws - 1:  # the last rank is late: the others' calls cannot have completed
+            assert returned < 1.0, f"rank {rank}: async calls took {returned:.2f} s to return"
+            assert pending == [False] * 3, f"rank {rank}: completed before the mover carried them: {pending}"
+        assert finished == [True] * 3
+        assert firsts == [sum(r + i for r in range(ws)) for i in range(3)]
+        assert last == 10 * ws
+        assert error and "called it with count" in error and failed, error
+        assert algorithm == "layered-direct over gloo"
