@@ -1,7 +1,8 @@
 """pycomm's reductions and codecs as Triton kernels, for CUDA tensors where pycomm was
 built without nvcc: the same contract as the device ops' ``reduce_terms``
 (csrc/device/device_ops.h) and the same bits as the CPU ops (csrc/device/cpu_ops.cc),
-element for element. Tested on the CPU under ``TRITON_INTERPRET=1``.
+element for element. Tested on the CPU under ``TRITON_INTERPRET=1``, and compiled there
+for sm_90 to check the PTX for the rules below.
 
 Exactness rules, which make the interpreter, the GPU and the CPU compute the same bits:
 
@@ -12,6 +13,8 @@ Exactness rules, which make the interpreter, the GPU and the CPU compute the sam
   nearest even) are exact or correctly rounded everywhere, and are Triton's own.
 * No fused multiply-add: kernels are launched with ``enable_fp_fusion=False``. (Every
   product that meets an add here is an exact power-of-two scaling anyway.)
+* Correctly rounded division: ``tl.div_rn`` in float32 (Triton's ``/`` is NVIDIA's
+  div.full.f32, within 2 ulp); ``/`` in float64 (div.rn.f64).
 * The same accumulation order: terms are folded left in the order given, in float32 for
   16-bit data (float64 for float64 data, the type itself for integers); exact mode adds
   grid steps, integers held exactly in float64, in any order, as the CPU does.
@@ -23,6 +26,8 @@ every term. Exact mode for float64 data (128-bit integer sums on the CPU) has no
 kernel: it raises.
 """
 from __future__ import annotations
+
+import struct
 
 import torch
 import triton
@@ -265,12 +270,13 @@ def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.
                KIND: tl.constexpr, CODEC: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr,
                CODE_BYTES: tl.constexpr):
     """A term's values of a tile (rows: the codec blocks numbered `blocks`; offs: their
-    elements) in the accumulation type: an input's contribution (PREMUL_SUM scales it;
-    under a codec it is quantized), partial values as they are, encoded values decoded."""
+    elements) in the accumulation type: an input's contribution (PREMUL_SUM scales it by
+    premul, a float64 rounded to ACC to nearest even as the CPU ops' cast rounds it; under
+    a codec it is quantized), partial values as they are, encoded values decoded."""
     if form == 0:  # Input
         x = _load_storage(term, offs, mask, STORAGE, ACC)
         if KIND == 8:
-            x = x * premul
+            x = x * premul.to(ACC)
         if CODEC != 0 and QUANTIZE:
             x = _quantize(x, mask, CODEC)
         return x
@@ -285,7 +291,7 @@ def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.
         return _decode(codes.to(tl.uint32), CODEC) * scale
 
 
-_ROUND_TO_INTEGER = 6755399441055744.0  # 1.5 * 2^52 (numerics.h kRoundToInteger)
+_ROUND_TO_INTEGER = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52 (numerics.h kRoundToInteger)
 
 
 @triton.jit
@@ -330,19 +336,24 @@ def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
         tl.store(out + offs, v.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: tl.constexpr, KIND: tl.constexpr,
-                 STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr, QUANTIZE: tl.constexpr,
-                 ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr, ROWS: tl.constexpr,
-                 BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+@triton.jit(do_not_specialize=["premul_bits", "world_size"])
+def _fold_kernel(out, terms, n, premul_bits: tl.int64, world_size, FORMS: tl.constexpr, K: tl.constexpr,
+                 KIND: tl.constexpr, STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr,
+                 QUANTIZE: tl.constexpr, ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """DeviceOps::reduce_terms for one tile, ROWS codec blocks of BLOCK elements (program
     p: blocks p * ROWS ...): terms folded left in order, or exactly; STAGE 0 Partial (the
     accumulation type), 1 Final (the storage type), 2 Encoded, 3 FinalEncoded (finalized,
-    then encoded). Without a codec, blocks are only the tile's shape."""
+    then encoded). Without a codec, blocks are only the tile's shape.
+
+    Scalars are arguments, so that a call copies nothing from the host: premul_bits, the
+    float64 bits of PREMUL_SUM's factor (a float argument would be float32), and
+    world_size, never specialized (as the constant 1 it would have no ``.to``)."""
     blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     offs = blocks * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offs < n
-    premul = tl.load(premul_ptr)
+    # The interpreter types an integer argument by its value: 0.0's bits arrive as int32.
+    premul = premul_bits.to(tl.int64).to(tl.float64, bitcast=True)
     if EXACT:
         acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC, QUANTIZE, ROWS, BLOCK,
                          CODE_BYTES)
@@ -354,7 +365,9 @@ def _fold_kernel(out, terms, n, premul_ptr, world_size, FORMS: tl.constexpr, K: 
                               BLOCK, CODE_BYTES)
             acc = _combine(acc, term, KIND)
     if KIND == 1 and (STAGE == 1 or STAGE == 3):
-        if FLOATING:
+        if ACC == tl.float32:
+            acc = tl.div_rn(acc, world_size.to(ACC))
+        elif FLOATING:
             acc = acc / world_size.to(ACC)
         else:  # integer AVG truncates toward zero
             acc = acc // world_size.to(ACC)
@@ -434,7 +447,7 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     rows = _TILE // width
     _fold_kernel[(triton.cdiv(count, rows * width),)](
         _typed(out, out_form), tuple(_typed(t, in_form[f]) for t, f in zip(terms, forms)), count,
-        torch.tensor([premul], dtype=acc if acc.is_floating_point else torch.float32, device=out.device), world_size,
+        struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
         FORMS=tuple(int(f) for f in forms), K=len(terms), KIND=_KINDS[kind], STAGE=int(stage),
         CODEC=_CODECS.get(codec, 0), EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
         ACC=_TL_TYPES[acc], FLOATING=acc.is_floating_point, OUT_KIND=_OUT_KINDS.get(dtype, 0),

@@ -3,10 +3,17 @@ run by Triton's interpreter on this CPU (TRITON_INTERPRET=1, set before the kern
 defined): the codecs at every block size, the fold for every form, stage, codec,
 reduction and mode with 1 to 8 terms, the uncoded fold of float64, integers and bool,
 the fused error feedback of the DDP hook, and the layered path running on them. Data
-hold NaN, infinities, -0.0, subnormals and values at each codec's saturation edge."""
+hold NaN, infinities, -0.0, subnormals and values at each codec's saturation edge. The
+fold kernel is also compiled for sm_90 (no GPU needed) to check its PTX for approximate
+division and fused multiply-adds."""
 
+import json
 import os
+import pickle
 import random
+import re
+import subprocess
+import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -97,7 +104,8 @@ def test_codecs_match_cpu(codec):
 
 
 def _op(name):
-    return dist._make_nccl_premul_sum(0.375) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
+    # PREMUL_SUM's factor is not a float32: float64 data keep it whole, the others round it.
+    return dist._make_nccl_premul_sum(1 / 3) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
 
 
 def _fold_cases(count, seed):
@@ -121,17 +129,23 @@ def _fold_cases(count, seed):
     return cases
 
 
+def _terms(forms, dtype, n, codec, block, seed):
+    """Operands in the given forms (partial values in float32)."""
+    terms = []
+    for j, form in enumerate(forms):
+        x = _data(n, dtype, 1000 * seed + j)
+        if form == Form.Partial:
+            x = x.float()
+        elif form == Form.Encoded:
+            x = _C.encode(x, codec, block, None)
+        terms.append(x)
+    return terms
+
+
 @pytest.mark.parametrize("part", range(4))
 def test_fold_matches_cpu(part):
     for dtype, codec, stage, op, exact, forms, block, n, seed in _fold_cases(160, 7)[part::4]:
-        terms = []
-        for j, form in enumerate(forms):
-            x = _data(n, dtype, 1000 * seed + j)
-            if form == Form.Partial:
-                x = x.float()
-            elif form == Form.Encoded:
-                x = _C.encode(x, codec, block, None)
-            terms.append(x)
+        terms = _terms(forms, dtype, n, codec, block, seed)
         out = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
         cpu, tri = _both(out, terms, forms, dtype, n, _op(op), 8, exact, codec, block, stage)
         assert _equal(cpu, tri), (str(dtype), codec, stage, op, exact, forms, block, n)
@@ -174,6 +188,85 @@ def test_fused_error_feedback_matches_the_hook(codec):
             tri_residual = triton_kernels.error_feedback(tri_buf, residual, codec, block)
             assert _equal(cpu_buf, tri_buf), (codec, dtype, with_residual, "bucket")
             assert _equal(cpu_residual, tri_residual), (codec, dtype, with_residual, "residual")
+
+
+# What the CPU fold has no counterpart of: approximate division (div.full is within 2 ulp),
+# approximate reciprocals, fused multiply-adds of floats (integer mad.lo is addressing).
+INEXACT_PTX = re.compile(r"\b(?:div\.(?:full|approx)|rcp\.approx|fma\.|mad(?:\.[a-z]+)*\.f(?:16|32|64))[\w.]*")
+# Launches that cover each division, premul conversion, codec and exact path of the fold:
+# dtype, reduction, stage, codec, exact, term forms, world size (1, which Triton would
+# otherwise compile as a constant).
+COMPILED_FOLDS = [
+    (torch.float32, "AVG", Stage.Final, "none", False, [Form.Input, Form.Partial], 8),
+    (torch.float32, "AVG", Stage.FinalEncoded, "fp8_e4m3", True, [Form.Input, Form.Encoded], 8),
+    (torch.float32, "PREMUL_SUM", Stage.Partial, "none", True, [Form.Input, Form.Input], 3),
+    (torch.bfloat16, "PREMUL_SUM", Stage.Final, "fp8_e5m2", False, [Form.Input, Form.Input], 2),
+    (torch.float16, "AVG", Stage.Final, "bf16", False, [Form.Encoded, Form.Input], 1),
+    (torch.float64, "AVG", Stage.Final, "none", False, [Form.Input, Form.Input], 3),
+    (torch.float64, "PREMUL_SUM", Stage.Partial, "none", False, [Form.Input, Form.Input], 3),
+]
+# Compiles the fold kernel for sm_90 in a process of its own (a process that imported
+# Triton to interpret holds interpreted functions of triton.language, which the compiler
+# cannot call): reads launches' (args, kwargs) as a pickle, specializes them as Triton's
+# launcher does, writes their PTX. argv[1]: the sys.path to find pycomm on, as JSON.
+COMPILE_FOLDS = """
+import json, pickle, sys
+sys.path[:] = json.loads(sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+from pycomm.triton_kernels import _fold_kernel as kernel
+
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+bind = create_function_from_signature(kernel.signature, kernel.params, backend)
+ptx = []
+for args, kwargs in pickle.load(sys.stdin.buffer):
+    bound, specialization, options = bind(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    ptx.append(triton.compile(source, target=target, options=options.__dict__).asm["ptx"])
+pickle.dump(ptx, sys.stdout.buffer)
+"""
+
+
+class _Launches:
+    """Stands in for a kernel: records the arguments of each launch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
+    """The fold kernel compiled for sm_90 without a GPU, for the arguments ``fold`` launches
+    it with: its PTX divides correctly rounded (div.rn) and fuses no multiply-add."""
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.compiler import get_ptxas
+        from triton.compiler import make_backend
+        make_backend(GPUTarget("cuda", 90, 32))
+        get_ptxas(90)
+    except (ImportError, RuntimeError) as e:
+        pytest.skip(f"Triton's CUDA compiler is not available: {e}")
+    launches = _Launches()
+    monkeypatch.setattr(triton_kernels, "_fold_kernel", launches)
+    n, block = 100, 64
+    for dtype, op, stage, codec, exact, forms, world in COMPILED_FOLDS:
+        out = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
+        triton_kernels.fold(out, _terms(forms, dtype, n, codec, block, 0), forms, dtype, n, _op(op), world, exact,
+                            codec, block, stage)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child = subprocess.run([sys.executable, "-c", COMPILE_FOLDS, json.dumps(sys.path)], env=env, capture_output=True,
+                           input=pickle.dumps(launches.calls), timeout=300)
+    assert child.returncode == 0, child.stderr.decode()[-6000:]
+    for case, ptx in zip(COMPILED_FOLDS, pickle.loads(child.stdout), strict=True):
+        assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
+        if case[1] == "AVG":
+            assert re.search(r"\bdiv\.rn\.f(?:32|64)\b", ptx), case
 
 
 def layered_on_triton_world(rank, ws):
