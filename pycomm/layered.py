@@ -24,7 +24,7 @@ direct one (twoshot), with the mover's collectives in place of pycomm's transpor
 
 The mover never reduces, so its algorithm, channel count or protocol cannot change a bit:
 for the same inputs, world size and options the result equals the native path's (its
-twoshot and ring, and in deterministic modes every algorithm's). Levels: D0-D3 in mode 1
+twoshot, at 2 ranks its ring too, and in deterministic modes every algorithm's). Levels: D0-D3 in mode 1
 (a fixed fold order over logical ranks, whatever the mover does), D0-D5 in exact mode
 (the exact sum depends only on the multiset of contributions).
 
@@ -186,8 +186,9 @@ class _Call:
                       "compression": self.codec, "determinism": self.determinism, "state": "running",
                       "start_unix_us": int(time.time() * 1e6), "duration_us": 0.0}
         self.started = time.perf_counter()
+        # The block matters only under a codec, as natively.
         self.stamp = (self.entry["seq"], collective, count, self.entry["dtype"], self.entry["reduce_op"], self.codec,
-                      self.block, self.determinism)
+                      self.block if self.codec != "none" else 0, self.determinism)
         self.device = like.device
 
     def run(self, steps, result, async_op):
@@ -314,8 +315,8 @@ def _decoded(code, like):
     names this rank knows for that field."""
     if isinstance(like, int):
         return code
-    names = ["allreduce", "reduce_scatter", "allgather", "none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "0", "1",
-             "exact", *(str(d).split(".")[-1] for d in vars(torch).values() if isinstance(d, torch.dtype)),
+    names = ["allreduce", "reduce_scatter", "allgather", "none", *_C.codecs, *_C.determinism_levels,
+             *(str(d).split(".")[-1] for d in vars(torch).values() if isinstance(d, torch.dtype)),
              *dist.ReduceOp.RedOpType.__members__]
     return next((name for name in names if _code(name) == code), f"(unknown, code {code})")
 
