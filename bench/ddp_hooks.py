@@ -19,25 +19,16 @@ over rounds of each variant's median step time (rank 0) and its ratio to gloo's.
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 
-WIDTHS = (1024, 2048, 2048, 2048, 16)
+import _training
+
 VARIANTS = ("gloo", "exact", "fp8")
 WARM_UP = 2
-
-
-def _model(torch):
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers[:-1])
 
 
 def _rank(rank, world, variant, batch, steps, init_file, queue):
@@ -49,14 +40,15 @@ def _rank(rank, world, variant, batch, steps, init_file, queue):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-    model = _model(torch)
+    model = _training.model(torch)
     ddp = DDP(model)
     if variant == "exact":
         pycomm.hooks.register_deterministic_hook(ddp, "exact")
     elif variant == "fp8":
         pycomm.hooks.register_compression_hook(ddp, "fp8_e4m3")
     g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(batch, WIDTHS[0], generator=g), torch.randn(batch, WIDTHS[-1], generator=g)
+    x = torch.randn(batch, _training.WIDTHS[0], generator=g)
+    y = torch.randn(batch, _training.WIDTHS[-1], generator=g)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for step in range(steps + WARM_UP):
@@ -73,28 +65,6 @@ def _rank(rank, world, variant, batch, steps, init_file, queue):
     dist.destroy_process_group()
 
 
-def run_world(world, variant, batch, steps, timeout):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_rank, args=(r, world, variant, batch, steps, os.path.join(d, "init"), queue),
-                             daemon=True) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        try:
-            result = queue.get(timeout=timeout)
-            for p in procs:
-                p.join(max(1.0, deadline - time.monotonic()))
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-        if any(p.exitcode for p in procs):
-            raise SystemExit(f"ddp_hooks: a rank of the {variant} world failed: {[p.exitcode for p in procs]}")
-    return result
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--np", type=int, default=2)
@@ -104,7 +74,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=300.0, help="deadline of one world, s")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    rows = [run_world(args.np, v, args.batch, args.steps, args.timeout) for _ in range(args.rounds) for v in VARIANTS]
+    rows = [_training.run_world(_rank, args.np, (v, args.batch, args.steps), args.timeout, v)
+            for _ in range(args.rounds) for v in VARIANTS]
     by = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS}
     step = {v: statistics.median(r["step_s"] for r in by[v]) for v in VARIANTS}
     print(f"DDP over gloo, {args.np} ranks, MLP {rows[0]['params'] / 1e6:.1f} M params, batch {args.batch} per rank, "

@@ -19,25 +19,16 @@ peak RSS of each with the difference per parameter.
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
-WIDTHS = (1024, 2048, 2048, 2048, 16)
+import _training
+
 MICRO_BATCHES = 8
-
-
-def _model(torch):
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers[:-1])
 
 
 def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
@@ -48,11 +39,12 @@ def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
 
     torch.set_num_threads(1)
     dist.init_process_group("pycomm", init_method="file://" + init_file, rank=rank, world_size=world)
-    model = _model(torch)
+    model = _training.model(torch)
     params = sum(p.numel() for p in model.parameters())
     mine = range(rank * MICRO_BATCHES // world, (rank + 1) * MICRO_BATCHES // world)
     g = torch.Generator().manual_seed(rank)
-    data = [(torch.randn(micro_batch, WIDTHS[0], generator=g), torch.randn(micro_batch, WIDTHS[-1], generator=g))
+    first, last = _training.WIDTHS[0], _training.WIDTHS[-1]
+    data = [(torch.randn(micro_batch, first, generator=g), torch.randn(micro_batch, last, generator=g))
             for _ in mine]
     if variant == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -86,28 +78,6 @@ def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
     dist.destroy_process_group()
 
 
-def run_world(world, variant, micro_batch, steps, timeout):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_rank, args=(r, world, variant, micro_batch, steps, os.path.join(d, "init"), queue),
-                             daemon=True) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        try:
-            result = queue.get(timeout=timeout)
-            for p in procs:
-                p.join(max(1.0, deadline - time.monotonic()))
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-        if any(p.exitcode for p in procs):
-            raise SystemExit(f"exact_dp: a rank of the {variant} world failed: {[p.exitcode for p in procs]}")
-    return result
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--np", type=int, default=2)
@@ -122,7 +92,8 @@ def main():
     rows = []
     for _ in range(args.rounds):
         for variant in ("ddp", "exact"):
-            rows.append(run_world(args.np, variant, args.micro_batch, args.steps, args.timeout))
+            rows.append(_training.run_world(_rank, args.np, (variant, args.micro_batch, args.steps), args.timeout,
+                                            variant))
     by = {v: [r for r in rows if r["variant"] == v] for v in ("ddp", "exact")}
     step = {v: statistics.median(r["step_s"] for r in by[v]) for v in by}
     rss = {v: statistics.median(r["peak_rss_mib"] for r in by[v]) for v in by}

@@ -201,11 +201,14 @@ class _Call:
         then on a call without ``async_op`` waits for its turn on the lane too. While a
         call is on the lane, the mover group must not be used directly: the order of its
         collectives would then differ between ranks."""
-        lane = self.record.lane
-        if self.device.type == "cuda" or (lane is None and not async_op):
+        def whole():
             self.agree()
             steps()
             self.end()
+
+        lane = self.record.lane
+        if self.device.type == "cuda" or (lane is None and not async_op):
+            whole()
             if not async_op:
                 return None
             done = torch.futures.Future(devices=[result.device] if result.is_cuda else None)
@@ -217,9 +220,7 @@ class _Call:
 
         def on_lane():
             try:
-                self.agree()
-                steps()
-                self.end()
+                whole()
             except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
                 future.set_exception(e)
                 return
