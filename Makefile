@@ -30,7 +30,7 @@ DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends defa
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
 PYTEST_ARGS ?=
 
-.PHONY: all build test layer-check bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: all build test layer-check bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -200,6 +200,14 @@ bench-scale-core: build/cpp/test_scale
 	for world in 128:1 256:4; do \
 	  $(call saved,$$out,PYCOMM_SCALE_RANKS=$${world%%:*} PYCOMM_SCALE_PROCESSES=$${world##*:} timeout 300 build/cpp/test_scale) || exit 1; \
 	done
+
+# gpu-check: everything of the CUDA path in one command on a GPU machine (bench/gpu_check.py),
+# with that machine's python and torch (it builds pycomm there first, no .venv);
+# GPU_CHECK_DRY=1 rehearses it on any machine.
+GPU_PY ?= python3
+GPU_CHECK_OUT ?= bench/out/gpu-check
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --out $(GPU_CHECK_OUT)
 
 # bench-gpu: the kernels and one-GPU all-reduce (bench/gpu.py); a CUDA build on a GPU machine.
 bench-gpu: build

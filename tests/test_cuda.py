@@ -13,7 +13,10 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
 * stream semantics: inputs written by a slow kernel on the caller's stream are waited for;
 * the flag-synchronized one-shot: small all-reduces of every kind of element, aligned or
   not, at and past its size limit, give the right values; a peer that sleeps through one
-  is reported when the deadline passes, a peer that is killed within a liveness check.
+  is reported when the deadline passes, a peer that is killed within a liveness check;
+* the layered path on CUDA tensors (NCCL moving at 1 rank, gloo at 2 and 4), with the CUDA
+  and with the Triton kernels: the native CPU path's bits for every codec and both
+  deterministic modes.
 """
 
 import pytest
@@ -70,7 +73,7 @@ def _op(name):
     return dist._make_nccl_premul_sum(0.375) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
 
 
-@pytest.mark.parametrize("dtype", FLOATS + INTS)
+@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
 def test_reduce_kernel_matches_cpu(dtype):
     import pycomm
 
@@ -326,9 +329,10 @@ def test_flag_allreduce_reports_a_missing_peer(fault, words, bounds):
 
 # The layered path on CUDA tensors: pycomm's kernels on the caller's stream, another
 # backend moving the bytes. NCCL takes one rank per GPU, so it is the mover at world size
-# 1; several ranks on the one GPU use gloo (which moves CUDA tensors) as the mover.
+# 1; several ranks on the one GPU use gloo (which moves CUDA tensors) as the mover. The
+# CUDA kernels and the Triton kernels (PYCOMM_KERNELS) must both give the native CPU bits.
 LAYERED_CASES = [(dtype, codec, mode) for dtype in (torch.float32, torch.bfloat16)
-                 for codec in (None, "bf16", "fp8_e4m3") for mode in (True, "exact")]
+                 for codec in (None, *CODECS) for mode in (True, "exact")]
 
 
 def layered_on_cuda(rank, ws, mover):
@@ -357,7 +361,10 @@ def layered_on_cuda(rank, ws, mover):
     return problems
 
 
-@pytest.mark.parametrize("ws,mover", [(1, "nccl"), (2, "gloo"), (3, "gloo")])
-def test_layered_on_cuda_equals_native_cpu(ws, mover):
-    for problems in run_world(layered_on_cuda, ws, args=(mover,), timeout=400):
+@pytest.mark.parametrize("kernels", ["cuda", "triton"])
+@pytest.mark.parametrize("ws,mover", [(1, "nccl"), (2, "gloo"), (4, "gloo")])
+def test_layered_on_cuda_equals_native_cpu(ws, mover, kernels):
+    if kernels == "triton":
+        pytest.importorskip("triton")
+    for problems in run_world(layered_on_cuda, ws, args=(mover,), env={"PYCOMM_KERNELS": kernels}, timeout=400):
         assert not problems, problems

@@ -15,7 +15,11 @@ import re
 import subprocess
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+ON_GPU = os.environ.get("PYCOMM_TRITON_ON_GPU") == "1"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+# Where the Triton side's operands live: the interpreter reads host memory.
+DEVICE = "cuda" if ON_GPU else "cpu"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -42,8 +46,11 @@ EDGES = [3.4028234663852886e38, -3.4e38, 65504.0, 65520.0, 448.0, 416.0, 464.0, 
 SPECIALS = [float("nan"), float("inf"), float("-inf"), -0.0]
 
 
-def test_the_kernels_are_interpreted():
-    assert type(triton_kernels._fold_kernel).__name__ == "InterpretedFunction"
+def test_the_kernels_run_where_asked():
+    interpreted = type(triton_kernels._fold_kernel).__name__ == "InterpretedFunction"
+    assert interpreted != ON_GPU
+    if ON_GPU:
+        assert torch.cuda.is_available(), "PYCOMM_TRITON_ON_GPU=1 and no CUDA GPU"
 
 
 def _data(n, dtype, seed, specials=True):
@@ -69,13 +76,11 @@ def _equal(a, b):
 
 
 def _both(out, terms, forms, dtype, n, op, world, exact, codec, block, stage):
-    """The CPU ops' and the Triton kernel's outputs for the same call."""
-    results = []
-    for fold in (_C.fold, triton_kernels.fold):
-        o = out.clone()
-        fold(o, terms, forms, dtype, n, op, world, exact, codec, block, stage)
-        results.append(o)
-    return results
+    """The CPU ops' and the Triton kernel's outputs for the same call (both on the host)."""
+    cpu, tri = out.clone(), out.to(DEVICE)
+    _C.fold(cpu, terms, forms, dtype, n, op, world, exact, codec, block, stage)
+    triton_kernels.fold(tri, [t.to(DEVICE) for t in terms], forms, dtype, n, op, world, exact, codec, block, stage)
+    return cpu, tri.cpu()
 
 
 def _output(dtype, n, codec, block, stage):
@@ -142,9 +147,10 @@ def _terms(forms, dtype, n, codec, block, seed):
     return terms
 
 
-@pytest.mark.parametrize("part", range(4))
+# Eight parts, so that the compiled run can build their specializations in parallel.
+@pytest.mark.parametrize("part", range(8))
 def test_fold_matches_cpu(part):
-    for dtype, codec, stage, op, exact, forms, block, n, seed in _fold_cases(160, 7)[part::4]:
+    for dtype, codec, stage, op, exact, forms, block, n, seed in _fold_cases(160, 7)[part::8]:
         terms = _terms(forms, dtype, n, codec, block, seed)
         out = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
         cpu, tri = _both(out, terms, forms, dtype, n, _op(op), 8, exact, codec, block, stage)
@@ -171,7 +177,8 @@ def test_uncoded_fold_of_other_types_matches_cpu(dtype):
             assert _equal(cpu, tri), (op, stage)
     if dtype == torch.float64:
         with pytest.raises(ValueError, match="exact mode of float64"):
-            triton_kernels.fold(torch.empty(4, dtype=dtype), [torch.ones(4, dtype=dtype)], [Form.Input], dtype, 4,
+            triton_kernels.fold(torch.empty(4, dtype=dtype, device=DEVICE), [torch.ones(4, dtype=dtype, device=DEVICE)],
+                                [Form.Input], dtype, 4,
                                 dist.ReduceOp.SUM, 1, True, "none", 256, Stage.Final)
 
 
@@ -183,11 +190,12 @@ def test_fused_error_feedback_matches_the_hook(codec):
             n = 3 * block + 7
             grad = _data(n, dtype, 5)
             residual = _data(n, torch.float32, 6, specials=False) * 1e-3 if with_residual else None
-            cpu_buf, tri_buf = grad.clone(), grad.clone()
+            cpu_buf, tri_buf = grad.clone(), grad.to(DEVICE)
             cpu_residual = hooks._error_feedback(cpu_buf, residual, codec)
-            tri_residual = triton_kernels.error_feedback(tri_buf, residual, codec, block)
-            assert _equal(cpu_buf, tri_buf), (codec, dtype, with_residual, "bucket")
-            assert _equal(cpu_residual, tri_residual), (codec, dtype, with_residual, "residual")
+            tri_residual = triton_kernels.error_feedback(tri_buf, None if residual is None else residual.to(DEVICE),
+                                                         codec, block)
+            assert _equal(cpu_buf, tri_buf.cpu()), (codec, dtype, with_residual, "bucket")
+            assert _equal(cpu_residual, tri_residual.cpu()), (codec, dtype, with_residual, "residual")
 
 
 # What the CPU fold has no counterpart of: approximate division (div.full is within 2 ulp),
@@ -289,6 +297,7 @@ def layered_on_triton_world(rank, ws):
     return problems
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU, tests/test_cuda.py runs the layered path on the compiled kernels")
 def test_layered_path_on_triton_kernels():
     for problems in run_world(layered_on_triton_world, 3, env={"TRITON_INTERPRET": "1"}, timeout=180):
         assert not problems, problems

@@ -1,0 +1,609 @@
+"""The GPU check: pycomm's whole CUDA path, prepared to run as one command on a GPU machine
+(`make gpu-check`) in at most 8 minutes on one H100.
+
+    python bench/gpu_check.py [--out DIR] [--budget SECONDS]
+    GPU_CHECK_DRY=1 python bench/gpu_check.py [--out DIR]    # any machine: plan and rehearse
+
+Steps, in order. Each runs as a child process (its own process group) with its own time
+limit, so a hang costs only that step; the steps after a failed build are skipped; an
+optional step runs only if its whole limit fits in what is left of the budget.
+
+  build         pip install --no-build-isolation --no-deps -e . with the CUDA build
+  versions      torch, CUDA, NCCL, triton, driver, GPU
+  cuda-tests    tests/test_cuda.py but its layered tests: kernels and collectives on CUDA
+                tensors bit for bit against the CPU path, AVG included
+  layered       tests/test_cuda.py's layered tests: NCCL moving at 1 rank, gloo moving CUDA
+                tensors at 2 and 4 ranks on the GPU, every codec, both deterministic modes,
+                with the CUDA kernels and with the Triton kernels: the native CPU bits
+  triton-tests  tests/test_triton_kernels.py with the kernels compiled for the GPU
+  throughput    the folds and codecs of both kernel sets on 256 MiB of float32 against a
+                device-to-device copy of the same bytes (target: 80% of its bandwidth),
+                and the two sets' outputs compared bit for bit
+  allreduce     the layered default-mode, exact and fp8 all-reduce over NCCL against NCCL's
+                own all-reduce at 1 rank; the native CUDA all-reduce at 2 ranks on the GPU
+                (under MPS where its daemon starts, else time-sliced) against gloo
+  stream-wait   whether Work.wait() of a CUDA collective queued behind a long kernel holds
+                the host or only the current stream (native path and layered over NCCL)
+  sanitizer     compute-sanitizer memcheck on the kernel tests (optional)
+
+Dry run (GPU_CHECK_DRY=1): the build prints its command only; the test steps collect their
+tests; the measuring steps run their own code on CPU tensors at small sizes (the CPU ops
+and Triton's interpreter standing in for the GPU kernels, gloo for NCCL).
+
+Writes under --out, named for the device: gpu-<device>-check.md (device, versions, each
+step's verdict, the numbers beside their targets), .json (every number) and .log (every
+step's output). The Markdown is rewritten after each step, so a run cut short still
+leaves what it measured.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+MiB = 1 << 20
+COPY_TARGET = 0.8  # a kernel's share of device-to-device copy bandwidth
+# A Work.wait() that returns within this share of the kernel queued before the collective
+# left the host free; one that returns after the kernel held it.
+HOST_FREE_SHARE = 0.25
+
+
+class Step:
+    """One step: argv of a child process run in ROOT, with a time limit in seconds."""
+
+    def __init__(self, name, limit_s, what, argv, env=None, needs_build=True, optional=False, measures=False):
+        self.name, self.limit_s, self.what, self.argv = name, limit_s, what, argv
+        self.env, self.needs_build, self.optional, self.measures = env or {}, needs_build, optional, measures
+
+
+def plan(dry):
+    """The steps. In a dry run the test steps only collect their tests (so the compiled-only
+    arguments, xdist's -n and the sanitizer, stay out) and the measuring steps get --dry."""
+    def tests(*args, parallel=(), wrapper=()):
+        if dry:
+            return [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *args]
+        return [*wrapper, sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *parallel, *args]
+
+    def own(name):
+        return [sys.executable, os.path.abspath(__file__), "--step", name] + (["--dry"] if dry else [])
+
+    jobs = str(min(os.cpu_count() or 1, 16))
+    sanitizer = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", "--target-processes", "all"]
+    return [
+        Step("build", 300, "pip install --no-build-isolation --no-deps -e . (PYCOMM_WITH_CUDA=1)",
+             [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."],
+             env={"PYCOMM_WITH_CUDA": "1", "MAX_JOBS": jobs}, needs_build=False),
+        Step("versions", 60, "torch, CUDA, NCCL, triton, driver, GPU", own("versions"), measures=True),
+        Step("cuda-tests", 200, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
+             tests("tests/test_cuda.py", "-k", "not layered")),
+        Step("layered", 200, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
+             "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered")),
+        Step("triton-tests", 150, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
+             tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
+             env={"PYCOMM_TRITON_ON_GPU": "0" if dry else "1"}),
+        Step("throughput", 90, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
+             own("throughput"), measures=True),
+        Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
+             own("allreduce"), measures=True),
+        Step("stream-wait", 60, "Work.wait() behind a long kernel: host or stream", own("stream-wait"),
+             measures=True),
+        Step("sanitizer", 100, "compute-sanitizer memcheck: reduce and codec kernel tests",
+             tests("tests/test_cuda.py", "-k",
+                   "reduce_kernel_matches_cpu and float32 or codec_kernels_match_cpu and fp8_e4m3", wrapper=sanitizer),
+             optional=True),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# The measuring steps (child processes). Each returns a dict: "rows" (numbers), "verdict"
+# ("pass" or "FAIL: why") and anything else worth keeping.
+# ---------------------------------------------------------------------------------------
+
+def _device(dry):
+    import torch
+
+    return torch.device("cpu" if dry else "cuda")
+
+
+def _median_time(fn, device, iters, warmup=3):
+    """Median seconds per call: CUDA events around each call on a GPU, the host clock on
+    the CPU (where the ops finish before returning)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def step_versions(dry):
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cpus": os.cpu_count(), "commit": os.environ.get("GPU_CHECK_COMMIT", "unknown")}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError as e:
+        info["triton"] = "not importable (%s)" % e
+    try:
+        import pycomm
+        info["pycomm CUDA build"] = bool(pycomm._C.has_cuda)
+    except ImportError as e:
+        info["pycomm"] = "not importable (%s)" % e
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update({"gpu": props.name, "multiprocessors": props.multi_processor_count,
+                     "gpu memory GiB": round(props.total_memory / 2**30, 1),
+                     "capability": "%d.%d" % (props.major, props.minor),
+                     "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        info["driver"] = out.stdout.strip() or out.stderr.strip()
+    for k, v in info.items():
+        print("%-20s %s" % (k, v))
+    ok = dry or (torch.cuda.is_available() and info.get("pycomm CUDA build") is True)
+    return {"info": info, "verdict": "pass" if ok else "FAIL: no GPU or pycomm without its CUDA build"}
+
+
+def _kernel_sets(dry):
+    """The folds to measure, by name: pycomm's CUDA kernels and its Triton kernels (in a
+    dry run the CPU ops and Triton's interpreter)."""
+    from pycomm import _C
+
+    sets = {"cuda": _C.fold}
+    try:
+        from pycomm import triton_kernels
+        sets["triton"] = triton_kernels.fold
+    except ImportError as e:
+        print("triton: not importable (%s)" % e)
+    return sets
+
+
+def step_throughput(dry):
+    import torch
+    import torch.distributed as dist
+
+    from pycomm import _C
+
+    device = _device(dry)
+    n = 2048 if dry else (64 << 20)  # 256 MiB of float32; the interpreter is slow
+    iters, warmup = (1, 1) if dry else (20, 3)
+    block = _C.default_compression_block()
+    gen = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(n, device=device, generator=gen)
+    y = torch.randn(n, device=device, generator=gen)
+    out = torch.empty_like(x)
+    copy_s = _median_time(lambda: out.copy_(x), device, iters, warmup)
+    copy_bw = 2 * x.nbytes / copy_s
+    rows = [{"kernels": "torch", "op": "copy, device to device", "bytes": 2 * x.nbytes, "seconds": copy_s,
+             "GBps": copy_bw / 1e9, "share": 1.0}]
+    Form, Stage, SUM = _C.Form, _C.Stage, dist.ReduceOp.SUM
+
+    # (name, dtype, terms, forms, stage, codec, exact): each op as the layered path runs it.
+    def cases():
+        xb, yb = x.bfloat16(), y.bfloat16()
+        yield "fold float32 SUM, 2 terms", torch.float32, [x, y], [Form.Input] * 2, Stage.Final, "none", False
+        yield "fold float32 SUM, 2 terms, exact", torch.float32, [x, y], [Form.Input] * 2, Stage.Final, "none", True
+        yield "fold bfloat16 SUM, 2 terms", torch.bfloat16, [xb, yb], [Form.Input] * 2, Stage.Final, "none", False
+        for codec in _C.codecs:
+            enc = _C.encode(y, codec, block, None)
+            yield "encode -> %s" % codec, torch.float32, [x], [Form.Input], Stage.Encoded, codec, False
+            yield "decode %s ->" % codec, torch.float32, [enc], [Form.Encoded], Stage.Final, codec, False
+            yield ("fold input + %s -> %s" % (codec, codec), torch.float32, [x, enc], [Form.Input, Form.Encoded],
+                   Stage.FinalEncoded, codec, False)
+
+    problems = []
+    for name, dtype, terms, forms, stage, codec, exact in cases():
+        coded_out = stage in (Stage.Encoded, Stage.FinalEncoded)
+        result = (torch.empty(_C.encoded_size(codec, block, n), dtype=torch.uint8, device=device) if coded_out
+                  else torch.empty(n, dtype=dtype, device=device))
+        nbytes = sum(t.nbytes for t in terms) + result.nbytes
+        outputs = {}
+        for kernels, fold in _kernel_sets(dry).items():
+            def call():
+                fold(result, terms, forms, dtype, n, SUM, 2, exact, codec, block, stage)
+            try:
+                s = _median_time(call, device, iters, warmup)
+            except Exception as e:  # a kernel set that cannot run this op is a finding, not the end
+                problems.append("%s %s: %s" % (kernels, name, e))
+                continue
+            outputs[kernels] = result.clone()
+            rows.append({"kernels": kernels, "op": name, "bytes": nbytes, "seconds": s, "GBps": nbytes / s / 1e9,
+                         "share": nbytes / s / copy_bw})
+        if len(outputs) == 2 and not torch.equal(*[o.view(torch.uint8) for o in outputs.values()]):
+            problems.append("%s: the CUDA and Triton kernels' bits differ" % name)
+    for r in rows:
+        print("%-8s %-36s %10.1f us %8.1f GB/s %5.0f%% of copy" % (
+            r["kernels"], r["op"], r["seconds"] * 1e6, r["GBps"], 100 * r["share"]))
+    below = ["%s %s (%.0f%%)" % (r["kernels"], r["op"], 100 * r["share"]) for r in rows if r["share"] < COPY_TARGET]
+    verdict = "FAIL: " + "; ".join(problems) if problems else "pass"
+    return {"rows": rows, "verdict": verdict, "below target": below, "elements": n}
+
+
+def _init_world(backend, rank, ws, init_file):
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=ws)
+
+
+def step_allreduce(dry):
+    """Layered (pycomm's reductions, NCCL moving) against NCCL at 1 rank; the native CUDA
+    path at 2 ranks (bench/gpu.py's measurement) under MPS if its daemon starts."""
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    device = _device(dry)
+    sizes = [4 << 10, 1 * MiB] if dry else [4 << 10, 1 * MiB, 64 * MiB]
+    iters = 2 if dry else 30
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _init_world("gloo" if dry else "nccl", 0, 1, os.path.join(tmp, "one"))
+        mover = dist.get_backend()
+
+        def timed(fn):
+            def call():
+                fn()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            return _median_time(call, torch.device("cpu"), iters)
+
+        for size in sizes:
+            t = torch.ones(size // 4, device=device)
+            variants = [(mover + " all_reduce", lambda: dist.all_reduce(t)),
+                        ("layered over %s, default mode" % mover, lambda: pycomm.all_reduce(t, deterministic=True)),
+                        ("layered over %s, exact" % mover, lambda: pycomm.all_reduce(t, deterministic="exact")),
+                        ("layered over %s, fp8_e4m3" % mover, lambda: pycomm.all_reduce(t, compression="fp8_e4m3"))]
+            for name, call in variants:
+                rows.append({"backend": name, "ranks": 1, "bytes": size, "seconds": timed(call)})
+            if not bool(torch.all(t == 1).item()):
+                rows.append({"backend": "CHECK", "ranks": 1, "bytes": size, "seconds": float("nan")})
+        dist.destroy_process_group()
+    native = []
+    mps_note = "not run (dry run)"
+    if not dry:
+        sys.path.insert(0, BENCH)
+        import gpu
+        with tempfile.TemporaryDirectory() as tmp, _mps_daemon() as mps_note:
+            native = gpu.run_spawned(gpu.allreduce_rank, 2, (2, [4 << 10, 64 << 10, 1 * MiB, 64 * MiB], iters,
+                                                              os.path.join(tmp, "two")))
+    for r in rows + native:
+        r["us"] = r["seconds"] * 1e6
+        print("%-36s %2d ranks %9d B %10.1f us" % (r["backend"], r["ranks"], r["bytes"], r["us"]))
+    bad = [r for r in rows if r["backend"] == "CHECK"] + [r for r in native if not r.get("ok", True)]
+    return {"rows": rows, "native": native, "mps": mps_note,
+            "verdict": "FAIL: wrong values at %s" % bad if bad else "pass"}
+
+
+# The MPS daemon's pipes and log: a directory of this check's own, so that the orchestrator
+# can stop a daemon that a step killed at its limit left running.
+MPS_DIR = os.path.join(tempfile.gettempdir(), "pycomm-gpu-check-mps")
+MPS_ENV = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(MPS_DIR, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(MPS_DIR, "log")}
+
+
+def stop_mps():
+    if os.path.isdir(MPS_DIR) and shutil.which("nvidia-cuda-mps-control"):
+        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", env=dict(os.environ, **MPS_ENV), timeout=30,
+                       capture_output=True)
+        shutil.rmtree(MPS_DIR, ignore_errors=True)
+
+
+class _mps_daemon:
+    """The CUDA MPS control daemon for the duration (the spawned ranks inherit its
+    variables); yields what ran."""
+
+    def __init__(self):
+        self.env, self.started = MPS_ENV, False
+
+    def __enter__(self):
+        control = shutil.which("nvidia-cuda-mps-control")
+        if not control:
+            return "time-sliced (no nvidia-cuda-mps-control)"
+        for d in self.env.values():
+            os.makedirs(d, exist_ok=True)
+        rc = subprocess.run([control, "-d"], env=dict(os.environ, **self.env), timeout=30).returncode
+        if rc != 0:
+            return "time-sliced (the MPS daemon did not start: exit %d)" % rc
+        os.environ.update(self.env)
+        self.started = True
+        return "MPS"
+
+    def __exit__(self, *exc):
+        if self.started:
+            stop_mps()
+            for k in self.env:
+                os.environ.pop(k, None)
+
+
+def _sleep_cycles_per_second():
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    torch.cuda._sleep(cycles)  # warm
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def _wait_behind_kernel(call, device, expected, queued_s):
+    """Queues a kernel of about queued_s seconds on the current stream, starts the
+    collective (async_op=True) and times the host in Work.wait(); then checks the result."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(queued_s * _sleep_cycles_per_second()))
+    t0 = time.perf_counter()
+    work, tensor = call()
+    issued = time.perf_counter() - t0
+    work.wait()
+    waited = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    return {"issue s": issued, "wait returned s": waited, "complete s": total, "queued kernel s": queued_s,
+            "right values": bool(torch.equal(tensor.cpu(), expected)),
+            "holds": "stream" if waited < HOST_FREE_SHARE * queued_s else "host"}
+
+
+def _native_wait_rank(rank, ws, init_file, dry, queue):
+    import torch
+
+    import pycomm  # noqa: F401 (registers the backend)
+
+    device = _device(dry)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    _init_world("pycomm", rank, ws, init_file)
+    import torch.distributed as dist
+
+    def call():
+        t = torch.full((1 << 18,), rank + 1.0, device=device)
+        return dist.all_reduce(t, async_op=True), t
+
+    call()[0].wait()  # the group's device path is up
+    result = _wait_behind_kernel(call, device, torch.full((1 << 18,), ws * (ws + 1) / 2), 0.0 if dry else 0.3)
+    if rank == 0:
+        queue.put(result)
+    dist.destroy_process_group()
+
+
+def step_stream_wait(dry):
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    device = _device(dry)
+    queued = 0.0 if dry else 0.3
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        _init_world("gloo" if dry else "nccl", 0, 1, os.path.join(tmp, "one"))
+
+        def layered():
+            t = torch.full((1 << 18,), 2.0, device=device)
+            return pycomm.all_reduce(t, deterministic=True, async_op=True), t
+
+        layered()[0].wait()
+        rows["layered over %s, 1 rank" % dist.get_backend()] = _wait_behind_kernel(
+            layered, device, torch.full((1 << 18,), 2.0), queued)
+        dist.destroy_process_group()
+        sys.path.insert(0, BENCH)
+        import gpu
+        rows["native pycomm, 2 ranks"] = gpu.run_spawned(_native_wait_rank, 2, (2, os.path.join(tmp, "two"), dry))
+    for name, r in rows.items():
+        print("%-32s wait returned after %.1f ms (kernel queued: %.0f ms): the %s waits; values %s" % (
+            name, 1e3 * r["wait returned s"], 1e3 * r["queued kernel s"], r["holds"],
+            "right" if r["right values"] else "WRONG"))
+    wrong = [k for k, r in rows.items() if not r["right values"]]
+    return {"rows": rows, "verdict": "FAIL: wrong values: %s" % wrong if wrong else "pass"}
+
+
+MEASURING = {"versions": step_versions, "throughput": step_throughput, "allreduce": step_allreduce,
+             "stream-wait": step_stream_wait}
+
+
+# ---------------------------------------------------------------------------------------
+# The orchestrator.
+# ---------------------------------------------------------------------------------------
+
+def device_slug(name):
+    """'h100' for 'NVIDIA H100 80GB HBM3', else the name in lower case and dashes; 'cpu'
+    for no name."""
+    name = name.replace("NVIDIA", "")
+    model = re.search(r"\b([A-Za-z]+\d+[A-Za-z]?)\b", name)
+    return model.group(1).lower() if model else (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cpu")
+
+
+def run_child(step, argv, env, limit_s, log):
+    """Runs argv in its own process group; kills the group at the limit or when it ends
+    (a rank left behind must not outlive its step). Returns (rc or None, output)."""
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        except OSError as e:
+            return -1, "cannot start %s: %s\n" % (argv[0], e)
+        try:
+            rc = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    log.write("\n===== %s: %s (limit %.0f s)\n%s" % (step.name, " ".join(argv), limit_s, text))
+    log.flush()
+    return rc, text
+
+
+def pytest_summary(text):
+    lines = [l.strip("= ") for l in text.splitlines() if re.search(r"\b(passed|failed|error|skipped|no tests ran)\b", l)
+             and re.search(r" in [\d.]+s", l)]
+    return lines[-1] if lines else None
+
+
+def summary_markdown(report):
+    info = report["versions"]
+    lines = ["# GPU check: %s" % info.get("gpu", "no GPU (dry run)" if report["dry"] else "no GPU"), "",
+             "`%s` at commit %s, %s, %.0f s of a %.0f s budget." % (
+                 report["command"], info.get("commit", "unknown"), report["date"], report["elapsed_s"],
+                 report["budget_s"]), ""]
+    lines += ["| | |", "|---|---|"] + ["| %s | %s |" % kv for kv in info.items()] + [""]
+    lines += ["| step | verdict | seconds (limit) | what |", "|---|---|---|---|"]
+    for s in report["steps"]:
+        lines.append("| %s | %s | %s | %s |" % (s["name"], s["verdict"].replace("|", "/"),
+                                                "%.0f (%.0f)" % (s["seconds"], s["limit_s"]) if "seconds" in s else "-",
+                                                s["what"]))
+    results = {s["name"]: s.get("result") or {} for s in report["steps"]}
+    thr = results.get("throughput", {}).get("rows")
+    if thr:
+        lines += ["", "## Kernel throughput, %d float32 elements in (target: %d%% of copy bandwidth)" % (
+            results["throughput"]["elements"], 100 * COPY_TARGET), "",
+            "| kernels | op | us | GB/s | share of copy |", "|---|---|---|---|---|"]
+        lines += ["| %s | %s | %.1f | %.0f | %.0f%% |" % (r["kernels"], r["op"], r["seconds"] * 1e6, r["GBps"],
+                                                       100 * r["share"]) for r in thr]
+    ar = results.get("allreduce")
+    if ar and ar.get("rows"):
+        lines += ["", "## All-reduce, float32 SUM, blocking (median; native rows: slowest rank; %s)" % ar["mps"], "",
+                  "| backend | ranks | bytes | us |", "|---|---|---|---|"]
+        lines += ["| %s | %d | %d | %.1f |" % (r["backend"], r["ranks"], r["bytes"], r["us"])
+                  for r in ar["rows"] + ar.get("native", [])]
+    sw = results.get("stream-wait")
+    if sw and sw.get("rows"):
+        lines += ["", "## Work.wait() behind a queued kernel", "",
+                  "| path | kernel queued ms | wait() returned ms | complete ms | waits | values |",
+                  "|---|---|---|---|---|---|"]
+        lines += ["| %s | %.0f | %.1f | %.1f | %s | %s |" % (
+            k, 1e3 * r["queued kernel s"], 1e3 * r["wait returned s"], 1e3 * r["complete s"], r["holds"],
+            "right" if r["right values"] else "WRONG") for k, r in sw["rows"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_name():
+    """The first GPU's name as nvidia-smi gives it ('' without one): read without making a
+    CUDA context in this process, which outlives every step."""
+    if not shutil.which("nvidia-smi"):
+        return ""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+
+
+def orchestrate(args, dry):
+    os.makedirs(args.out, exist_ok=True)
+    start = time.monotonic()
+    stem = os.path.join(args.out, "gpu-%s-check" % ("cpu-dry" if dry else device_slug(gpu_name())))
+    report = {"dry": dry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget_s": args.budget,
+              "command": ("GPU_CHECK_DRY=1 " if dry else "") + "python bench/gpu_check.py", "versions": {},
+              "steps": [], "elapsed_s": 0.0}
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    if dry:
+        env["TRITON_INTERPRET"] = "1"
+    built = True
+    with open(stem + ".log", "w") as log:
+        for step in plan(dry):
+            entry = {"name": step.name, "what": step.what, "limit_s": step.limit_s}
+            report["steps"].append(entry)
+            left = args.budget - (time.monotonic() - start)
+            if step.needs_build and not built:
+                entry["verdict"] = "skipped: the build failed"
+            elif dry and step.name == "build":
+                entry["verdict"] = "planned: " + " ".join(step.argv)
+            elif step.optional and left < step.limit_s:
+                entry["verdict"] = "skipped: %.0f s left of the budget, the step needs %.0f" % (left, step.limit_s)
+            elif left < 5:
+                entry["verdict"] = "skipped: the budget is spent"
+            else:
+                run_step(step, entry, min(step.limit_s, left), dict(env, **step.env), stem, log, dry)
+                built = built and (step.name != "build" or entry["verdict"].startswith("pass"))
+                if step.name == "versions" and entry.get("result"):
+                    report["versions"] = entry["result"]["info"]
+                print("[%5.0f s] %s: %s" % (time.monotonic() - start, step.name, entry["verdict"]), flush=True)
+            report["elapsed_s"] = time.monotonic() - start
+            with open(stem + ".md", "w") as f:
+                f.write(summary_markdown(report))
+            with open(stem + ".json", "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    print("\n" + summary_markdown(report))
+    return 1 if any(s["verdict"].startswith(("FAIL", "TIMEOUT")) for s in report["steps"]) else 0
+
+
+def run_step(step, entry, limit, env, stem, log, dry):
+    """Runs one step and fills its entry: seconds, the measuring step's result, verdict."""
+    record = stem + ".%s.tmp.json" % step.name
+    argv = step.argv + (["--record", record] if step.measures else [])
+    t0 = time.monotonic()
+    rc, text = run_child(step, argv, env, limit, log)
+    stop_mps()  # left running if the step was killed in it
+    entry["seconds"] = time.monotonic() - t0
+    if step.measures and os.path.exists(record):
+        with open(record) as f:
+            entry["result"] = json.load(f)
+        os.remove(record)
+    if rc is None:
+        entry["verdict"] = "TIMEOUT after %.0f s" % limit
+    elif rc != 0:
+        entry["verdict"] = "FAIL (exit %d): %s" % (
+            rc, pytest_summary(text) or (text.strip().splitlines() or ["no output"])[-1][:300])
+    elif step.measures:
+        entry["verdict"] = entry.get("result", {}).get("verdict", "FAIL: the step recorded nothing")
+    elif dry and step.name != "build":
+        entry["verdict"] = "collected: " + (text.strip().splitlines() or ["nothing"])[-1]
+    else:
+        entry["verdict"] = "pass" + (": " + pytest_summary(text) if pytest_summary(text) else "")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "gpu-check"))
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for all steps together")
+    ap.add_argument("--step", choices=sorted(MEASURING), help="run one measuring step (in a child process)")
+    ap.add_argument("--record", help="with --step: where to write its JSON")
+    ap.add_argument("--dry", action="store_true", help="with --step: on CPU tensors at small sizes")
+    args = ap.parse_args()
+    if args.step:
+        result = MEASURING[args.step](args.dry)
+        with open(args.record, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        return 0
+    return orchestrate(args, os.environ.get("GPU_CHECK_DRY") == "1")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
