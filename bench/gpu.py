@@ -134,16 +134,34 @@ def nccl_rank(sizes, iters, init_file, queue):
     dist.destroy_process_group()
 
 
-def run_spawned(target, nprocs, args):
+def run_spawned(target, nprocs, args, timeout_s=600):
+    """Runs target in nprocs spawned processes; returns what the first of them puts on the
+    queue. A process that dies first, or the deadline, ends the wait with an error and
+    kills the rest."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=target, args=((r,) if nprocs else ()) + args + (queue,)) for r in range(max(nprocs, 1))]
     for p in procs:
         p.start()
-    results = queue.get(timeout=600)
-    for p in procs:
-        p.join(timeout=60)
-    return results
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                results = queue.get(timeout=1)
+                break
+            except Exception:  # queue.Empty: see whether a rank died or time ran out
+                dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError("%s: %s" % (target.__name__, "ranks exited: %s" % dead if dead else
+                                                   "no result within %d s" % timeout_s))
+        for p in procs:
+            p.join(timeout=60)
+        return results
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def main():

@@ -57,6 +57,13 @@ COPY_TARGET = 0.8  # a kernel's share of device-to-device copy bandwidth
 HOST_FREE_SHARE = 0.25
 
 
+# The extension must link the C++ runtime dynamically, as torch does: built by a toolchain
+# that links libstdc++ statically, it crashes at its first stream insertion (seen on an
+# H100 machine whose default c++ did), so the build takes the system's compilers.
+SYSTEM_COMPILERS = {var: path for var, path in (("CC", "/usr/bin/gcc"), ("CXX", "/usr/bin/g++"))
+                    if os.path.exists(path)}
+
+
 class Step:
     """One step: argv of a child process run in ROOT, with a time limit in seconds."""
 
@@ -81,7 +88,7 @@ def plan(dry):
     return [
         Step("build", 300, "pip install --no-build-isolation --no-deps -e . (PYCOMM_WITH_CUDA=1)",
              [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."],
-             env={"PYCOMM_WITH_CUDA": "1", "MAX_JOBS": jobs}, needs_build=False),
+             env=dict(SYSTEM_COMPILERS, PYCOMM_WITH_CUDA="1", MAX_JOBS=jobs), needs_build=False),
         Step("versions", 60, "torch, CUDA, NCCL, triton, driver, GPU", own("versions"), measures=True),
         Step("cuda-tests", 200, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
              tests("tests/test_cuda.py", "-k", "not layered")),
@@ -105,7 +112,8 @@ def plan(dry):
 
 # ---------------------------------------------------------------------------------------
 # The measuring steps (child processes). Each returns a dict: "rows" (numbers), "verdict"
-# ("pass" or "FAIL: why") and anything else worth keeping.
+# ("pass" or "FAIL: why") and anything else worth keeping, and saves what it has measured
+# so far with save(dict) as it goes, so that a step stopped at its limit still reports it.
 # ---------------------------------------------------------------------------------------
 
 def _device(dry):
@@ -140,7 +148,7 @@ def _median_time(fn, device, iters, warmup=3):
     return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
 
 
-def step_versions(dry):
+def step_versions(dry, save):
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -153,8 +161,13 @@ def step_versions(dry):
     try:
         import pycomm
         info["pycomm CUDA build"] = bool(pycomm._C.has_cuda)
+        linked = subprocess.run(["ldd", pycomm._C.__file__], capture_output=True, text=True, timeout=30).stdout
+        info["extension's libstdc++"] = "shared" if "libstdc++.so" in linked else "NOT SHARED (static or missing)"
     except ImportError as e:
         info["pycomm"] = "not importable (%s)" % e
+    compiler = SYSTEM_COMPILERS.get("CXX", "c++")
+    info["compiler"] = compiler + ": " + subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                                        timeout=30).stdout.partition("\n")[0]
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update({"gpu": props.name, "multiprocessors": props.multi_processor_count,
@@ -167,7 +180,8 @@ def step_versions(dry):
         info["driver"] = out.stdout.strip() or out.stderr.strip()
     for k, v in info.items():
         print("%-20s %s" % (k, v))
-    ok = dry or (torch.cuda.is_available() and info.get("pycomm CUDA build") is True)
+    ok = dry or (torch.cuda.is_available() and info.get("pycomm CUDA build") is True
+                 and info.get("extension's libstdc++") == "shared")
     return {"info": info, "verdict": "pass" if ok else "FAIL: no GPU or pycomm without its CUDA build"}
 
 
@@ -185,7 +199,7 @@ def _kernel_sets(dry):
     return sets
 
 
-def step_throughput(dry):
+def step_throughput(dry, save):
     import torch
     import torch.distributed as dist
 
@@ -236,11 +250,11 @@ def step_throughput(dry):
             outputs[kernels] = result.clone()
             rows.append({"kernels": kernels, "op": name, "bytes": nbytes, "seconds": s, "GBps": nbytes / s / 1e9,
                          "share": nbytes / s / copy_bw})
+            print("%-8s %-36s %10.1f us %8.1f GB/s %5.0f%% of copy" % (
+                kernels, name, s * 1e6, nbytes / s / 1e9, 100 * nbytes / s / copy_bw), flush=True)
         if len(outputs) == 2 and not torch.equal(*[o.view(torch.uint8) for o in outputs.values()]):
             problems.append("%s: the CUDA and Triton kernels' bits differ" % name)
-    for r in rows:
-        print("%-8s %-36s %10.1f us %8.1f GB/s %5.0f%% of copy" % (
-            r["kernels"], r["op"], r["seconds"] * 1e6, r["GBps"], 100 * r["share"]))
+        save({"rows": rows, "verdict": "FAIL: cut short", "elements": n})
     below = ["%s %s (%.0f%%)" % (r["kernels"], r["op"], 100 * r["share"]) for r in rows if r["share"] < COPY_TARGET]
     verdict = "FAIL: " + "; ".join(problems) if problems else "pass"
     return {"rows": rows, "verdict": verdict, "below target": below, "elements": n}
@@ -252,7 +266,7 @@ def _init_world(backend, rank, ws, init_file):
     dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=ws)
 
 
-def step_allreduce(dry):
+def step_allreduce(dry, save):
     """Layered (pycomm's reductions, NCCL moving) against NCCL at 1 rank; the native CUDA
     path at 2 ranks (bench/gpu.py's measurement) under MPS if its daemon starts."""
     import torch
@@ -283,6 +297,9 @@ def step_allreduce(dry):
                         ("layered over %s, fp8_e4m3" % mover, lambda: pycomm.all_reduce(t, compression="fp8_e4m3"))]
             for name, call in variants:
                 rows.append({"backend": name, "ranks": 1, "bytes": size, "seconds": timed(call)})
+                rows[-1]["us"] = rows[-1]["seconds"] * 1e6
+                print("%-36s 1 rank %9d B %10.1f us" % (name, size, rows[-1]["us"]), flush=True)
+                save({"rows": rows, "native": [], "mps": "not reached", "verdict": "FAIL: cut short"})
             if not bool(torch.all(t == 1).item()):
                 rows.append({"backend": "CHECK", "ranks": 1, "bytes": size, "seconds": float("nan")})
         dist.destroy_process_group()
@@ -294,7 +311,7 @@ def step_allreduce(dry):
         with tempfile.TemporaryDirectory() as tmp, _mps_daemon() as mps_note:
             native = gpu.run_spawned(gpu.allreduce_rank, 2, (2, [4 << 10, 64 << 10, 1 * MiB, 64 * MiB], iters,
                                                               os.path.join(tmp, "two")))
-    for r in rows + native:
+    for r in native:
         r["us"] = r["seconds"] * 1e6
         print("%-36s %2d ranks %9d B %10.1f us" % (r["backend"], r["ranks"], r["bytes"], r["us"]))
     bad = [r for r in rows if r["backend"] == "CHECK"] + [r for r in native if not r.get("ok", True)]
@@ -399,7 +416,7 @@ def _native_wait_rank(rank, ws, init_file, dry, queue):
     dist.destroy_process_group()
 
 
-def step_stream_wait(dry):
+def step_stream_wait(dry, save):
     import torch
     import torch.distributed as dist
 
@@ -418,6 +435,7 @@ def step_stream_wait(dry):
         layered()[0].wait()
         rows["layered over %s, 1 rank" % dist.get_backend()] = _wait_behind_kernel(
             layered, device, torch.full((1 << 18,), 2.0), queued)
+        save({"rows": rows, "verdict": "FAIL: cut short"})
         dist.destroy_process_group()
         sys.path.insert(0, BENCH)
         import gpu
@@ -536,12 +554,19 @@ def orchestrate(args, dry):
     if dry:
         env["TRITON_INTERPRET"] = "1"
     built = True
+    steps = plan(dry)
+    asked = set(args.steps.split(",")) if args.steps else set()
+    unknown = asked - {step.name for step in steps}
+    if unknown:
+        raise SystemExit("--steps: no step named %s" % ", ".join(sorted(unknown)))
     with open(stem + ".log", "w") as log:
-        for step in plan(dry):
+        for step in steps:
             entry = {"name": step.name, "what": step.what, "limit_s": step.limit_s}
             report["steps"].append(entry)
             left = args.budget - (time.monotonic() - start)
-            if step.needs_build and not built:
+            if asked and step.name not in asked and step.name != "build":
+                entry["verdict"] = "not asked for (--steps)"
+            elif step.needs_build and not built:
                 entry["verdict"] = "skipped: the build failed"
             elif dry and step.name == "build":
                 entry["verdict"] = "planned: " + " ".join(step.argv)
@@ -593,14 +618,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "gpu-check"))
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for all steps together")
+    ap.add_argument("--steps", help="comma-separated: run only these steps (and the build), e.g. to rerun what "
+                    "failed; the others are reported as not asked for")
     ap.add_argument("--step", choices=sorted(MEASURING), help="run one measuring step (in a child process)")
     ap.add_argument("--record", help="with --step: where to write its JSON")
     ap.add_argument("--dry", action="store_true", help="with --step: on CPU tensors at small sizes")
     args = ap.parse_args()
     if args.step:
-        result = MEASURING[args.step](args.dry)
-        with open(args.record, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        def save(result):
+            with open(args.record + ".part", "w") as f:
+                json.dump(result, f, indent=1, default=str)
+            os.replace(args.record + ".part", args.record)
+        save(MEASURING[args.step](args.dry, save))
         return 0
     return orchestrate(args, os.environ.get("GPU_CHECK_DRY") == "1")
 

@@ -131,9 +131,10 @@ def _code_target(CODEC: tl.constexpr):
 
 @triton.jit
 def _encode(v, CODEC: tl.constexpr):
-    """The code of a scaled value, widened to uint32."""
+    """The code of a scaled value, widened to uint32; one code per format for every NaN
+    (numerics.h CodeFp16)."""
     if CODEC == 1:
-        return _half_bits(v)
+        return tl.where((_f32_bits(v) & 0x7FFFFFFF) > 0x7F800000, 0x7E00, _half_bits(v)).to(tl.uint32)
     elif CODEC == 2:
         return _bf16_bits(v)
     else:

@@ -369,11 +369,16 @@ PYCOMM_HD float float_from_fp8_finite(uint32_t c) {
 // One code format per codec: Code (the stored integer), kScaled (whether blocks are
 // scaled at all), kTarget (the largest magnitude a finite scaled value may have),
 // encode(scaled value, any float) -> the code widened to uint32_t, decode(code).
+// Every NaN has one code in each format (0x7e00 here, 0x7fc0 in bf16, 0x7f in fp8): a NaN
+// that arithmetic makes has no portable sign (x86 makes 0xffc00000, a GPU 0x7fffffff), and
+// the codes must be the same bytes on every device.
 struct CodeFp16 {
   using Code = uint16_t;
   static constexpr bool kScaled = true;
   static constexpr float kTarget = 65504.0f;
-  static PYCOMM_HD uint32_t encode(float v) { return half_bits_from_float(v); }
+  static PYCOMM_HD uint32_t encode(float v) {
+    return (bit_cast_<uint32_t>(v) & 0x7fffffffu) > 0x7f800000u ? 0x7e00u : half_bits_from_float(v);
+  }
   static PYCOMM_HD float decode(uint32_t c) { return float_from_half_bits(c); }
 };
 struct CodeBf16 {  // fp32's range: the scale is always 1
