@@ -165,6 +165,7 @@ def step_versions(dry, save):
         info["extension's libstdc++"] = "shared" if "libstdc++.so" in linked else "NOT SHARED (static or missing)"
     except ImportError as e:
         info["pycomm"] = "not importable (%s)" % e
+    info["1-rank pycomm group"] = _one_rank_group("cpu" if dry else "cuda")
     compiler = SYSTEM_COMPILERS.get("CXX", "c++")
     info["compiler"] = compiler + ": " + subprocess.run([compiler, "--version"], capture_output=True, text=True,
                                                         timeout=30).stdout.partition("\n")[0]
@@ -181,8 +182,29 @@ def step_versions(dry, save):
     for k, v in info.items():
         print("%-20s %s" % (k, v))
     ok = dry or (torch.cuda.is_available() and info.get("pycomm CUDA build") is True
-                 and info.get("extension's libstdc++") == "shared")
+                 and info.get("extension's libstdc++") == "shared" and info["1-rank pycomm group"] == "ok")
     return {"info": info, "verdict": "pass" if ok else "FAIL: no GPU or pycomm without its CUDA build"}
+
+
+ONE_RANK_GROUP = """
+import sys, tempfile, torch, torch.distributed as dist, pycomm
+dist.init_process_group("pycomm", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+t = torch.ones(4, device=sys.argv[1])
+dist.all_reduce(t)
+print("ok" if t.sum().item() == 4 else "wrong sum")
+dist.destroy_process_group()
+"""
+
+
+def _one_rank_group(device):
+    """Whether a 1-rank pycomm group makes and runs an all-reduce, in a process of its own
+    (a crash there is the answer, not the end of this step)."""
+    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", ONE_RANK_GROUP, device], capture_output=True,
+                         text=True, timeout=60)
+    if run.returncode == 0:
+        return run.stdout.strip()
+    print(run.stderr[-3000:])
+    return "exit %d: %s" % (run.returncode, (run.stderr.strip().splitlines() or ["no output"])[-1][:200])
 
 
 def _kernel_sets(dry):
@@ -549,7 +571,7 @@ def orchestrate(args, dry):
     report = {"dry": dry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget_s": args.budget,
               "command": ("GPU_CHECK_DRY=1 " if dry else "") + "python bench/gpu_check.py", "versions": {},
               "steps": [], "elapsed_s": 0.0}
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     if dry:
         env["TRITON_INTERPRET"] = "1"
