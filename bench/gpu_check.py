@@ -78,7 +78,8 @@ def plan(dry):
     def tests(*args, parallel=(), wrapper=()):
         if dry:
             return [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *args]
-        return [*wrapper, sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *parallel, *args]
+        return [*wrapper, sys.executable, "-m", "pytest", "-q", "-rfEs", "--durations=12", "-p", "no:cacheprovider",
+                *parallel, *args]
 
     def own(name):
         return [sys.executable, os.path.abspath(__file__), "--step", name] + (["--dry"] if dry else [])
@@ -90,14 +91,16 @@ def plan(dry):
              [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."],
              env=dict(SYSTEM_COMPILERS, PYCOMM_WITH_CUDA="1", MAX_JOBS=jobs), needs_build=False),
         Step("versions", 60, "torch, CUDA, NCCL, triton, driver, GPU", own("versions"), measures=True),
+        # The test worlds run four at a time (pytest-xdist): most of a world's time is its
+        # processes' start, CUDA set-up and host-driven steps, not the GPU's work.
         Step("cuda-tests", 200, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
-             tests("tests/test_cuda.py", "-k", "not layered")),
-        Step("layered", 200, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
-             "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered")),
-        Step("triton-tests", 150, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
+             tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "4"])),
+        Step("layered", 150, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
+             "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "4"])),
+        Step("triton-tests", 120, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
              tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
              env={"PYCOMM_TRITON_ON_GPU": "0" if dry else "1"}),
-        Step("throughput", 90, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
+        Step("throughput", 60, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
              own("throughput"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
              own("allreduce"), measures=True),
@@ -616,9 +619,14 @@ def run_step(step, entry, limit, env, stem, log, dry):
     record = stem + ".%s.tmp.json" % step.name
     argv = step.argv + (["--record", record] if step.measures else [])
     t0 = time.monotonic()
+    segments = shm_segments()
     rc, text = run_child(step, argv, env, limit, log)
     stop_mps()  # left running if the step was killed in it
     entry["seconds"] = time.monotonic() - t0
+    settle = time.monotonic() + 2  # ranks unlink theirs as they exit
+    while shm_segments() - segments and time.monotonic() < settle:
+        time.sleep(0.1)
+    leaked = sorted(shm_segments() - segments)
     if step.measures and os.path.exists(record):
         with open(record) as f:
             entry["result"] = json.load(f)
@@ -634,6 +642,12 @@ def run_step(step, entry, limit, env, stem, log, dry):
         entry["verdict"] = "collected: " + (text.strip().splitlines() or ["nothing"])[-1]
     else:
         entry["verdict"] = "pass" + (": " + pytest_summary(text) if pytest_summary(text) else "")
+    if leaked:  # the segments of its groups must all be gone when a step ends
+        entry["verdict"] = "FAIL: left in /dev/shm: %s; %s" % (" ".join(leaked[:5]), entry["verdict"])
+
+
+def shm_segments():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("pycomm")} if os.path.isdir("/dev/shm") else set()
 
 
 def main():

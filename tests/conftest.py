@@ -61,6 +61,11 @@ def _new_entries(before):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_shm():
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Parallel workers see each other's live segments; whoever started them checks
+        # once all are done (bench/gpu_check.py does).
+        yield
+        return
     before = _shm_entries()
     yield
     leaked = _new_entries(before)
