@@ -118,6 +118,23 @@ def kernels_for(device):
     return triton_kernels.fold
 
 
+# The type a fold's partial values are kept in (Stage.Partial): 16-bit floats accumulate in
+# float32, bool in uint8, everything else in its own type.
+PARTIAL_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.uint8}
+# The most terms one launch of the device kernels folds (the CUDA kernels' parameter holds
+# 64; the Triton kernel unrolls a copy per term, a specialization per count).
+DEVICE_FOLD_TERMS = 64
+
+
+def terms_per_fold(device):
+    """The most terms one fold on ``device`` takes (None: any number, the CPU ops). A fold
+    of more runs in slices, each slice's accumulation handed to the next as a partial
+    term: the same bits as one fold, since terms fold left in order and a partial holds
+    the accumulation exactly. Exact mode rounds its sum once over every term, so it cannot
+    be sliced: past this many ranks it is refused on that device."""
+    return None if device.type == "cpu" else DEVICE_FOLD_TERMS
+
+
 class _GroupRecord:
     """This rank's counters and last operation of the layered calls on one group, in the
     shape of a pycomm group's ``stats()``."""
@@ -177,8 +194,12 @@ class _Call:
                                                                     deterministic or "")
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
         self.log_level, self.exact = options.log_level, options.determinism == "exact"
-        self.kernel = kernels_for(like.device)
+        self.kernel, self.terms_per_fold = kernels_for(like.device), terms_per_fold(like.device)
         self.rank, self.size = self.record.rank, self.record.size
+        if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \
+                and _C.reduction(op, like.dtype)[0] in ("sum", "avg", "premul_sum"):
+            raise ValueError(f"pycomm: exact mode on {like.device.type} tensors folds every rank's terms in one "
+                             f"kernel, at most {self.terms_per_fold}, and this group has {self.size} ranks")
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
         self.nbytes = nbytes
         self.entry = {"collective": collective, "seq": next(self.record.seq), "dtype": str(like.dtype).split(".")[-1],
@@ -285,9 +306,16 @@ class _Call:
         raise dist.DistBackendError(message) from error
 
     def fold(self, out, terms, forms, count, stage, op=None):
-        if count:
-            self.kernel(out, terms, forms, self.dtype, count, self.op if op is None else op, self.size, self.exact,
-                        self.codec, self.block, stage)
+        if not count:
+            return
+        op = self.op if op is None else op
+        while self.terms_per_fold and len(terms) > self.terms_per_fold:  # in slices: see terms_per_fold
+            partial = torch.empty(count, dtype=PARTIAL_DTYPES.get(self.dtype, self.dtype), device=out.device)
+            self.kernel(partial, terms[:self.terms_per_fold], forms[:self.terms_per_fold], self.dtype, count, op,
+                        self.size, self.exact, self.codec, self.block, _C.Stage.Partial)
+            terms = [partial, *terms[self.terms_per_fold:]]
+            forms = [_C.Form.Partial, *forms[self.terms_per_fold:]]
+        self.kernel(out, terms, forms, self.dtype, count, op, self.size, self.exact, self.codec, self.block, stage)
 
     def end(self, failure=None):
         seconds = time.perf_counter() - self.started

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from . import _C
+from .layered import PARTIAL_DTYPES
 
 Form, Stage = _C.Form, _C.Stage
 
@@ -412,7 +413,6 @@ def _error_feedback_kernel(buf, residual, n, HAS_RESIDUAL: tl.constexpr, OUT_KIN
 
 # ---- the host side: _C.fold's contract ----
 
-_ACCUMULATION = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.uint8}
 _OUT_KINDS = {torch.float16: 1, torch.bfloat16: 2, torch.bool: 3}
 # Elements per program: ROWS codec blocks of BLOCK elements (one row of 1024 uncoded).
 _TILE = 1024
@@ -431,7 +431,7 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     if count == 0:
         return
     kind, premul = _C.reduction(op, dtype)
-    acc = _ACCUMULATION.get(dtype, dtype)
+    acc = PARTIAL_DTYPES.get(dtype, dtype)
     coded = codec != "none"
     exact = bool(exact) and kind in ("sum", "avg", "premul_sum") and dtype.is_floating_point
     if exact and acc != torch.float32:

@@ -136,6 +136,38 @@ def test_layered_equals_native_large(ws):
     _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 128 << 10), timeout=240))
 
 
+def sliced_folds_world(rank, ws):
+    """Every case with folds of at most 2 terms, as device kernels fold past their limit of
+    terms (in slices, each handing its accumulation on as a partial term): the bits of one
+    fold; exact mode's sums, which cannot be sliced, refused before anything moves."""
+    from pycomm import layered
+
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    whole_fold = layered.terms_per_fold
+    differ = []
+    for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, SMALL[2:])):
+        x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
+        whole = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
+        layered.terms_per_fold = lambda device: 2
+        try:
+            sliced = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
+        finally:
+            layered.terms_per_fold = whole_fold
+        exact_sum = mode == "exact" and dtype.is_floating_point and op in ("SUM", "AVG", "PREMUL_SUM")
+        if exact_sum and collective != "allgather":
+            same = sliced[:2] == ("error", "ValueError") and "exact mode on cpu tensors folds" in sliced[2]
+        else:
+            same = whole[0] == sliced[0] == "ok" and torch.equal(whole[1], sliced[1])
+        if not same:
+            differ.append((collective, str(dtype), op, count, codec, mode, str(whole)[:200], str(sliced)[:200]))
+    return differ
+
+
+def test_folds_in_slices_give_the_bits_of_one_fold():
+    for rank, differ in enumerate(run_world(sliced_folds_world, 4, timeout=240)):
+        assert not differ, f"rank {rank}: {len(differ)} cases differ, e.g. {differ[:3]}"
+
+
 def exact_world_size_world(rank, ws):
     """The same multiset of contributions {c0, c1} (zeros elsewhere, placed differently)
     reduced in exact mode over gloo groups of 2, 3 and 4 ranks: one result, bit for bit."""
