@@ -136,19 +136,20 @@ def test_layered_equals_native_large(ws):
     _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 128 << 10), timeout=240))
 
 
-def sliced_folds_world(rank, ws):
-    """Every case with folds of at most 2 terms, as device kernels fold past their limit of
-    terms (in slices, each handing its accumulation on as a partial term): the bits of one
-    fold; exact mode's sums, which cannot be sliced, refused before anything moves."""
+def sliced_folds_world(rank, ws, width, sizes):
+    """Every case with folds of at most ``width`` terms, as device kernels fold past their
+    limit of terms (in slices, each handing its accumulation on as a partial term): the
+    bits of one fold; exact mode's sums, which cannot be sliced, refused before anything
+    moves."""
     from pycomm import layered
 
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     whole_fold = layered.terms_per_fold
     differ = []
-    for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, SMALL[2:])):
+    for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
         x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
         whole = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
-        layered.terms_per_fold = lambda device: 2
+        layered.terms_per_fold = lambda device: width
         try:
             sliced = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
         finally:
@@ -163,8 +164,9 @@ def sliced_folds_world(rank, ws):
     return differ
 
 
-def test_folds_in_slices_give_the_bits_of_one_fold():
-    for rank, differ in enumerate(run_world(sliced_folds_world, 4, timeout=240)):
+@pytest.mark.parametrize("ws,width,sizes", [(4, 2, SMALL[2:]), (9, 4, [7])])
+def test_folds_in_slices_give_the_bits_of_one_fold(ws, width, sizes):
+    for rank, differ in enumerate(run_world(sliced_folds_world, ws, args=(width, sizes), timeout=300)):
         assert not differ, f"rank {rank}: {len(differ)} cases differ, e.g. {differ[:3]}"
 
 
