@@ -146,12 +146,12 @@ def _host_backend(group):
         return None
 
 
-def _recording_backend(group):
-    backend = _host_backend(_group_of(group))
-    if backend is None:
-        raise ValueError("pycomm: the flight recorder is a pycomm group's; over a group of another backend, "
-                         "pycomm.stats(group) reports the layered operations and their last one")
-    return backend
+def _recorder(group):
+    """What records the group's operations: its pycomm backend, or over a group of another
+    backend the record of the layered operations on it."""
+    group = _group_of(group)
+    backend = _host_backend(group)
+    return backend if backend is not None else layered.record_of(group).recorder
 
 
 def stats(group=None):
@@ -161,8 +161,8 @@ def stats(group=None):
     counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
     (from their start on the group's thread to their end, queueing excluded). For a group
     of another backend, the same for the operations pycomm ran over it (the layered path,
-    timed on the calling thread; on CUDA, the time to enqueue them), with ``"mover"``
-    naming that backend."""
+    algorithm ``"layered-direct"``, timed from the call to its end; on CUDA tensors, to the
+    end of enqueueing them), with ``"mover"`` naming that backend."""
     group = _group_of(group)
     backend = _host_backend(group)
     return json.loads(backend._stats_json()) if backend is not None else layered.record_of(group).stats()
@@ -174,13 +174,13 @@ def flight_recorder(group=None):
     root or tag, algorithm, compression, determinism), state (running, completed, failed),
     start time (``start_unix_us``) and ``duration_us`` (so far, when running). The same
     document is written to a file when an operation fails or times out."""
-    return json.loads(_recording_backend(group)._flight_recorder_json())
+    return json.loads(_recorder(group)._flight_recorder_json())
 
 
 def dump_flight_recorder(group=None, path=None):
     """Writes :func:`flight_recorder` as JSON to ``path`` (default: this rank's file in
     PYCOMM_FLIGHT_RECORDER_DIR) and returns the path."""
-    return _recording_backend(group)._dump_flight_recorder(path or "")
+    return _recorder(group)._dump_flight_recorder(path or "")
 
 
 # ---- compression codecs (the same block code the collectives run) ----

@@ -40,8 +40,7 @@ stops the process with a device-side assertion rather than a DistBackendError.
 from __future__ import annotations
 
 import itertools
-import sys
-import time
+import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -136,21 +135,20 @@ def terms_per_fold(device):
 
 
 class _GroupRecord:
-    """This rank's counters and last operation of the layered calls on one group, in the
-    shape of a pycomm group's ``stats()``."""
+    """What this rank keeps of the layered calls on one group: their record (counters,
+    flight recorder and log lines, kept as a pycomm group keeps its own), options and
+    lane."""
 
     def __init__(self, group, mover):
         self.name, self.rank, self.size, self.mover = group.group_name, group.rank(), group.size(), mover
         self.seq = itertools.count(1)
-        self.collectives = {}
-        self.last = None
+        self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover)
         self.options = {}  # the options of each kind of call, read from the environment once
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
 
     def stats(self):
-        return {"group": self.name, "rank": self.rank, "size": self.size, "mover": self.mover,
-                "collectives": {c: {a: dict(v) for a, v in algos.items()} for c, algos in self.collectives.items()},
-                "last": dict(self.last) if self.last else None}
+        """A pycomm group's ``stats()``, with ``"mover"`` naming the group's backend."""
+        return dict(json.loads(self.recorder._stats_json()), mover=self.mover)
 
 
 _records: dict[str, tuple[int, _GroupRecord]] = {}
@@ -201,14 +199,11 @@ class _Call:
             raise ValueError(f"pycomm: exact mode on {like.device.type} tensors folds every rank's terms in one "
                              f"kernel, at most {self.terms_per_fold}, and this group has {self.size} ranks")
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
-        self.nbytes = nbytes
-        self.entry = {"collective": collective, "seq": next(self.record.seq), "dtype": str(like.dtype).split(".")[-1],
-                      "count": like.numel(), "reduce_op": _op_name(op), "algorithm": self.algorithm,
-                      "compression": self.codec, "determinism": self.determinism, "state": "running",
-                      "start_unix_us": int(time.time() * 1e6), "duration_us": 0.0}
-        self.started = time.perf_counter()
+        self.collective, self.seq = collective, next(self.record.seq)
+        self.id = self.record.recorder.begin(collective, self.seq, like.dtype, count, op, self.codec, self.block,
+                                             self.determinism, nbytes, like.device.index if like.is_cuda else -1)
         # The block matters only under a codec, as natively.
-        self.stamp = (self.entry["seq"], collective, count, self.entry["dtype"], self.entry["reduce_op"], self.codec,
+        self.stamp = (self.seq, collective, count, str(like.dtype).split(".")[-1], _op_name(op), self.codec,
                       self.block if self.codec != "none" else 0, self.determinism)
         self.device = like.device
 
@@ -223,8 +218,12 @@ class _Call:
         call is on the lane, the mover group must not be used directly: the order of its
         collectives would then differ between ranks."""
         def whole():
-            self.agree()
-            steps()
+            try:
+                self.agree()
+                steps()
+            except BaseException as e:  # ended already where the mover failed or ranks disagreed
+                self.end(f"pycomm: {self.describe()} failed on rank {self.rank}: {e}")
+                raise
             self.end()
 
         lane = self.record.lane
@@ -277,12 +276,10 @@ class _Call:
     def disagree(self, what):
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: ranks called different " \
                   "collectives or arguments"
-        self.end(message)
-        raise dist.DistBackendError(message)
+        raise dist.DistBackendError(self.end(message))
 
     def describe(self):
-        e = self.entry
-        return f"{e['collective']} #{e['seq']} ({self.algorithm}) on group '{self.record.name}'"
+        return f"{self.collective} #{self.seq} ({self.algorithm}) on group '{self.record.name}'"
 
     def move(self, what, *args):
         """Starts the mover's collective ``what`` (asynchronously); :meth:`wait` for it."""
@@ -302,8 +299,7 @@ class _Call:
 
     def fail(self, what, error):
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {error}"
-        self.end(message)
-        raise dist.DistBackendError(message) from error
+        raise dist.DistBackendError(self.end(message)) from error
 
     def fold(self, out, terms, forms, count, stage, op=None):
         if not count:
@@ -318,21 +314,16 @@ class _Call:
         self.kernel(out, terms, forms, self.dtype, count, op, self.size, self.exact, self.codec, self.block, stage)
 
     def end(self, failure=None):
-        seconds = time.perf_counter() - self.started
-        stats = self.record.collectives.setdefault(self.entry["collective"], {}).setdefault(
-            self.algorithm, {"calls": 0, "failures": 0, "bytes": 0, "time_s": 0.0})
-        stats["calls"] += 1
-        stats["failures"] += failure is not None
-        stats["bytes"] += self.nbytes
-        stats["time_s"] += seconds
-        self.entry.update(state="failed" if failure else "completed", duration_us=seconds * 1e6)
-        if failure:
-            self.entry["error"] = failure
-        self.record.last = self.entry
-        if failure is None and (self.log_level >= 2 or (self.log_level >= 1 and self.rank == 0)):
-            print(f"pycomm: group '{self.record.name}': {self.entry['collective']} #{self.entry['seq']}: "
-                  f"{self.nbytes} B, algorithm {self.algorithm}, compression {self.codec}, determinism "
-                  f"{self.determinism}, {seconds * 1e6:.1f} us", file=sys.stderr, flush=True)
+        """Ends the operation's record; returns ``failure`` with where the flight recorder
+        was written, if it was."""
+        if self.id is None:  # ended already
+            return failure
+        ended, self.id = self.id, None
+        if failure is None:
+            self.record.recorder.completed(ended)
+            return None
+        written = self.record.recorder.failed(ended, failure)
+        return f"{failure} (flight recorder: {written})" if written else failure
 
 
 def _op_name(op):

@@ -5,6 +5,7 @@ same options and errors as the native path; observability; a failing mover faili
 call with its error wrapped."""
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -215,18 +216,20 @@ def observability_world(rank, ws):
     assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
     with pytest.raises(ValueError, match="layered direct algorithm"):
         pycomm.all_reduce(t, group=gloo, algorithm="ring")
-    with pytest.raises(ValueError, match="flight recorder"):
-        pycomm.flight_recorder(gloo)
-    stats = pycomm.stats(gloo)
-    counters = stats["collectives"]["allreduce"]["layered-direct over gloo"]
+    stats = pycomm.stats(gloo)  # kept as a pycomm group keeps its own
+    counters = stats["collectives"]["allreduce"]["layered-direct"]
     assert (counters["calls"], counters["failures"], counters["bytes"]) == (1, 0, 4000), counters
     assert stats["mover"] == "gloo" and stats["last"]["state"] == "completed", stats
+    entries = pycomm.flight_recorder(gloo)["entries"]
+    assert [(e["collective"], e["algorithm"], e["compression"], e["determinism"], e["state"]) for e in entries] == [
+        ("allreduce", "layered-direct", "bf16", "exact", "completed")], entries
     return log
 
 
 def test_work_stats_and_log_line():
     logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
-    assert "allreduce #1: 4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0]
+    assert "allreduce #1 (float32, sum, 1000 elements, layered-direct, bf16/" in logs[0]
+    assert "4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0]
     assert "layered-direct" not in logs[1]  # INFO: rank 0 logs each operation
 
 
@@ -247,7 +250,10 @@ def mover_fails_world(rank, ws, how):
     try:
         pycomm.all_reduce(t, group=gloo, deterministic="exact")
     except dist.DistBackendError as e:
-        return str(e), pycomm.stats(gloo)["collectives"]["allreduce"]["layered-direct over gloo"]["failures"]
+        with open(str(e).rsplit("(flight recorder: ", 1)[-1].rstrip(")")) as f:
+            written = json.load(f)["entries"]
+        return (str(e), pycomm.stats(gloo)["collectives"]["allreduce"]["layered-direct"]["failures"],
+                [(e["seq"], e["state"]) for e in written])
     raise AssertionError("the all-reduce succeeded without its peer")
 
 
@@ -258,8 +264,9 @@ def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
     results = run_world(mover_fails_world, 3, args=(how,), timeout=120,
                         expect_killed=(2,) if how == "killed" else ())
     for rank in (0, 1):
-        message, failures = results[rank]
+        message, failures, flight_recorder = results[rank]
         assert message.startswith(f"pycomm: allreduce #2 (layered-direct over gloo) on group "), message
+        assert flight_recorder == [(1, "completed"), (2, "failed")], flight_recorder  # written as it failed
         assert f"failed on rank {rank}: {layered._ALL_GATHER}: " in message, message  # the stamps' gather
         assert how == "killed" or "timed out" in message.lower() or "timeout" in message.lower(), message
         assert failures == 1

@@ -2,6 +2,10 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <chrono>
+#include <iomanip>
+#include <sstream>
+
 #include "algorithms/algorithm.h"
 #include "binding/tables.h"
 #include "core/config.h"
@@ -129,6 +133,76 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
   TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: fold: expected CPU or CUDA tensors, got ", device);
   void* stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device).native_handle();
   guard([&] { device_runtime().enqueue_reduce_terms(device.index(), stream, spec, stage, out.data_ptr(), operands.data(), k, n); });
+}
+
+LayeredRecorder::LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover)
+    : config_(guard([] { return Config::from_env(); })),
+      who_{group, static_cast<int>(rank), static_cast<int>(size)},
+      mover_(mover),
+      recorder_(config_.flight_recorder_entries) {}
+
+int64_t LayeredRecorder::begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
+                               const c10d::ReduceOp& op, const std::string& codec, int64_t block,
+                               const std::string& determinism, int64_t bytes, int64_t device) {
+  OpStamp s;
+  guard([&] {
+    const Collective c = parse_layered_collective(collective);
+    const DataType t = to_core(dtype);
+    s.collective = static_cast<uint8_t>(c);
+    s.dtype = static_cast<uint8_t>(t);
+    if (reduces(c)) s.reduce = static_cast<uint8_t>(normalized(t, to_core(op)).kind);
+    s.compression = static_cast<uint8_t>(parse<Compression>(codec));
+    s.determinism = static_cast<uint8_t>(parse<Determinism>(determinism));
+  });
+  s.seq = static_cast<uint64_t>(seq);
+  s.count = static_cast<uint64_t>(count);
+  s.variant = static_cast<uint8_t>(Variant::Layered);
+  if (s.compression)
+    while ((int64_t{1} << s.compression_block) < block) ++s.compression_block;
+  const auto id = static_cast<int64_t>(
+      recorder_.begin(s, static_cast<uint64_t>(bytes), static_cast<int>(device), std::chrono::steady_clock::now()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_[id] = {s, bytes};
+  return id;
+}
+
+void LayeredRecorder::completed(int64_t id) {
+  const double us = recorder_.end(static_cast<uint64_t>(id));
+  std::pair<OpStamp, int64_t> op;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    op = running_.at(id);
+    running_.erase(id);
+  }
+  // As a pycomm group logs: INFO on rank 0, TRACE on every rank.
+  if (config_.log_level >= LogLevel::Trace || (config_.log_level >= LogLevel::Info && who_.rank == 0)) {
+    const OpStamp& s = op.first;
+    std::ostringstream line;
+    line << "pycomm: group '" << who_.group << "': " << describe(s) << ": " << op.second << " B, algorithm "
+         << name_of(Variant::Layered) << " over " << mover_ << ", compression "
+         << name_of(static_cast<Compression>(s.compression)) << ", determinism "
+         << name_of(static_cast<Determinism>(s.determinism)) << ", " << std::fixed << std::setprecision(1) << us
+         << " us";
+    log_line(line.str());
+  }
+}
+
+std::string LayeredRecorder::failed(int64_t id, const std::string& error) {
+  recorder_.end(static_cast<uint64_t>(id), error);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_.erase(id);
+  }
+  if (!config_.flight_recorder_entries) return {};
+  return guard([&] { return recorder_.dump(who_, error, config_.flight_recorder_dir, {}); });
+}
+
+std::string LayeredRecorder::stats_json() const { return recorder_.stats_json(who_); }
+
+std::string LayeredRecorder::flight_recorder_json() const { return recorder_.dump_json(who_, "requested"); }
+
+std::string LayeredRecorder::dump_flight_recorder(const std::string& path) const {
+  return guard([&] { return recorder_.dump(who_, "requested", config_.flight_recorder_dir, path); });
 }
 
 }  // namespace pycomm

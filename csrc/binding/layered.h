@@ -4,17 +4,24 @@
 // so both paths give the same bits:
 //   layered_options  the options a call runs with, by the native path's rules;
 //   segment_begins   how a buffer splits over the ranks (Segments, algorithm.h);
-//   fold             DeviceOps::reduce_terms on tensors, on their device.
+//   fold             DeviceOps::reduce_terms on tensors, on their device;
+//   LayeredRecorder  the record of the operations, as a pycomm group keeps its own.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "core/config.h"
 #include "device/device_ops.h"
+#include "runtime/recorder.h"
 
 namespace pycomm {
 
@@ -56,5 +63,36 @@ int64_t encoded_size(const std::string& codec, int64_t block, int64_t count);
 void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
           at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
           const std::string& codec, int64_t block, Stage stage);
+
+// This rank's record of the layered operations on one group, kept by the native path's
+// Recorder and knobs: the counters of pycomm.stats, the flight recorder (PYCOMM_FLIGHT_
+// RECORDER operations, written to a file when one fails) and the INFO line of each
+// operation (PYCOMM_DEBUG). Operations carry the variant "layered-direct". Thread-safe:
+// a group's calls may end on its lane while the caller reads.
+class LayeredRecorder {
+ public:
+  LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover);
+  // Begins an operation: `count` elements of `dtype` (the call's tensor), `bytes` as
+  // nccl-tests counts S, on CUDA device `device` or host memory (-1). Returns its id.
+  int64_t begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
+                const c10d::ReduceOp& op, const std::string& codec, int64_t block, const std::string& determinism,
+                int64_t bytes, int64_t device);
+  void completed(int64_t id);
+  // Ends operation `id` as failed with `error`; returns the flight recorder's file, or ""
+  // where it keeps no operations.
+  std::string failed(int64_t id, const std::string& error);
+  std::string stats_json() const;
+  std::string flight_recorder_json() const;
+  // Writes the flight recorder to `path` (empty: this rank's file); returns the path.
+  std::string dump_flight_recorder(const std::string& path) const;
+
+ private:
+  const Config config_;
+  const Recorder::Who who_;
+  const std::string mover_;
+  Recorder recorder_;
+  std::mutex mutex_;
+  std::map<int64_t, std::pair<OpStamp, int64_t>> running_;  // stamp and bytes, for the INFO line
+};
 
 }  // namespace pycomm

@@ -140,6 +140,18 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("block", &pycomm::LayeredOptions::block)
       .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
       .def_readonly("log_level", &pycomm::LayeredOptions::log_level);
+  py::class_<pycomm::LayeredRecorder>(m, "LayeredRecorder")
+      .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("group"), py::arg("rank"),
+           py::arg("size"), py::arg("mover"))
+      .def("begin", &pycomm::LayeredRecorder::begin, py::arg("collective"), py::arg("seq"), py::arg("dtype"),
+           py::arg("count"), py::arg("op"), py::arg("codec"), py::arg("block"), py::arg("determinism"),
+           py::arg("bytes"), py::arg("device"))
+      .def("completed", &pycomm::LayeredRecorder::completed, py::arg("id"))
+      .def("failed", &pycomm::LayeredRecorder::failed, py::arg("id"), py::arg("error"))
+      // The names a pycomm backend gives its own record (pycomm.stats, flight_recorder).
+      .def("_stats_json", &pycomm::LayeredRecorder::stats_json)
+      .def("_flight_recorder_json", &pycomm::LayeredRecorder::flight_recorder_json)
+      .def("_dump_flight_recorder", &pycomm::LayeredRecorder::dump_flight_recorder, py::arg("path"));
   m.def("kernel_choice", &pycomm::kernel_choice);
   m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
         py::arg("compression"), py::arg("determinism"));

@@ -65,7 +65,8 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::OneShot, "oneshot"}, {Variant::OneShotFlags, "oneshot-flags"}, {Variant::TwoShot, "twoshot"},
       {Variant::Tree, "tree"}, {Variant::Hierarchical, "hierarchical"}, {Variant::Direct, "direct"},
       {Variant::Chain, "chain"}, {Variant::Pairwise, "pairwise"}, {Variant::P2P, "p2p"},
-      {Variant::Dissemination, "dissemination"}, {Variant::RecursiveDoubling, "recursive-doubling"}}};
+      {Variant::Dissemination, "dissemination"}, {Variant::RecursiveDoubling, "recursive-doubling"},
+      {Variant::Layered, "layered-direct"}}};
   return t;
 }
 

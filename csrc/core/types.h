@@ -105,6 +105,7 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
   Dissemination, RecursiveDoubling,
+  Layered,  // pycomm's reductions over a group of another backend (pycomm/layered.py)
 };
 
 // Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what

@@ -188,17 +188,7 @@ std::string Communicator::flight_recorder_json(const std::string& reason) const 
 }
 
 std::string Communicator::dump_flight_recorder(const std::string& reason, const std::string& path) const {
-  std::string file = path;
-  if (file.empty()) {
-    std::string group = group_name_;  // a file name: keep [A-Za-z0-9_.-]
-    for (char& c : group)
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
-    file = config_.flight_recorder_dir + "/pycomm-flight-recorder-" + group + "-rank" + std::to_string(rank_) +
-           "-pid" + std::to_string(getpid()) + ".json";
-  }
-  if (!write_file_atomically(file, flight_recorder_json(reason)))
-    fail(ErrorKind::InvalidArgument, errno_message("pycomm: cannot write the flight recorder to " + file));
-  return file;
+  return recorder_.dump({group_name_, rank_, size_}, reason, config_.flight_recorder_dir, path);
 }
 
 int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held) {

@@ -3,8 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <sstream>
+
+#include "core/error.h"
 
 namespace pycomm {
 
@@ -160,6 +163,21 @@ std::string Recorder::dump_json(const Who& who, const std::string& reason) const
   }
   os << "]}\n";
   return os.str();
+}
+
+std::string Recorder::dump(const Who& who, const std::string& reason, const std::string& dir,
+                           const std::string& path) const {
+  std::string file = path;
+  if (file.empty()) {
+    std::string group = who.group;
+    for (char& c : group)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
+    file = dir + "/pycomm-flight-recorder-" + group + "-rank" + std::to_string(who.rank) + "-pid" +
+           std::to_string(getpid()) + ".json";
+  }
+  if (!write_file_atomically(file, dump_json(who, reason)))
+    fail(ErrorKind::InvalidArgument, errno_message("pycomm: cannot write the flight recorder to " + file));
+  return file;
 }
 
 bool write_file_atomically(const std::string& path, const std::string& text) {

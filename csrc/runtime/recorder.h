@@ -60,6 +60,10 @@ class Recorder {
   // {"format": "pycomm.flight_recorder/1", "group", "rank", "size", "pid", "host",
   //  "reason", "dumped_unix_us", "capacity", "entries": [record, ...]} (oldest first).
   std::string dump_json(const Who& who, const std::string& reason) const;
+  // Writes dump_json to `path`, or where that is empty to this rank's file in `dir` (named
+  // for the group, kept to [A-Za-z0-9_.-], the rank and the process); returns the path.
+  // Throws InvalidArgument when it cannot write it.
+  std::string dump(const Who& who, const std::string& reason, const std::string& dir, const std::string& path) const;
 
  private:
   const size_t capacity_;
