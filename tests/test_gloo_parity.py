@@ -115,6 +115,9 @@ def test_recv_from_any_source_fails_when_a_sender_dies(transport):
 # point-to-point matched by (source, tag)
 # --------------------------------------------------------------------------------------
 
+HELD_ASIDE = 1 << 18  # float32 elements a pair surely holds aside without a posted recv
+
+
 def _tagged(sender, tag, numel):
     return torch.arange(numel, dtype=torch.float32) + 1000.0 * sender + 100.0 * tag
 
@@ -122,9 +125,10 @@ def _tagged(sender, tag, numel):
 def out_of_order_tags_world(rank, ws, numel):
     """Rank 0 sends tag 1 then tag 2; rank 1 posts the receive of tag 2 first. Through
     pycomm's group and a Gloo group in the same processes: both deliver both, each to the
-    receive of its tag. Then blocking receives in the other order than the blocking sends,
-    which pycomm serves (the first message waits aside for its recv) and Gloo does not (its
-    send waits for the matching recv: both ranks block until the timeout)."""
+    receive of its tag (messages larger than a pair holds aside too: the receive of tag 1
+    is posted). Then blocking receives in the other order than the blocking sends, which
+    pycomm serves for messages it can hold aside (the first waits for its recv) and Gloo
+    does not (its send waits for the matching recv: both ranks block until the timeout)."""
     gloo = dist.new_group(backend="gloo")
     got = {}
     for name, group in (("pycomm", None), ("gloo", gloo)):
@@ -139,6 +143,10 @@ def out_of_order_tags_world(rank, ws, numel):
                 work.wait()
             got[name] = (x, y)
         dist.barrier(group=gloo)
+    if numel > HELD_ASIDE:
+        for ours, theirs, tag in zip(got.get("pycomm", ()), got.get("gloo", ()), (2, 1)):
+            assert torch.equal(theirs, _tagged(0, tag, numel)) and torch.equal(ours, theirs), tag
+        return True
     if rank == 0:
         dist.send(_tagged(0, 3, numel), 1, tag=3)
         dist.send(_tagged(0, 4, numel), 1, tag=4)
@@ -155,7 +163,9 @@ def out_of_order_tags_world(rank, ws, numel):
 
 @pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("numel", [1000, 150_000])  # one frame; several shm frames (600 KB)
+# One frame; several shm frames (600 KB); more than a pair holds aside without a posted
+# recv (chunk x pipeline depth: 4 MiB over TCP by default), 8 MB.
+@pytest.mark.parametrize("numel", [1000, 150_000, 2_000_000])
 def test_receives_match_sends_by_tag_as_on_gloo(transport, numel):
     assert run_world(out_of_order_tags_world, 2, args=(numel,), env={"PYCOMM_TRANSPORT": transport},
                      timeout=120) == [True, True]

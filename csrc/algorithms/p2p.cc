@@ -85,11 +85,12 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
       }
       if (!is_send(h.op)) fail_mismatch(h.op, mine, peer);
       if (h.op.root != mine.root) {
-        if (!fits(h.op))
+        if (!fits(h.op) && !awaited(h.op.root))
           fail(ErrorKind::Mismatch,
                peer.describe() + " sent " + describe(h.op) + " before the message of " + describe(mine) +
                    ", and the messages of other tags waiting to be received would pass the " +
-                   std::to_string(limit_) + " bytes this pair holds: receive them in the order they were sent");
+                   std::to_string(limit_) + " bytes this pair holds: post the recv of tag " +
+                   std::to_string(h.op.root) + " first (irecv), or receive them in the order they were sent");
         hold(ch, h, payload);
         continue;
       }
@@ -139,6 +140,24 @@ void Inbox::append_to_held(Channel& ch, const FrameHeader& h, const void* payloa
   std::memcpy(m.data.data() + m.got, payload, h.bytes);
   m.got += h.bytes;
   ch.end_recv();
+}
+
+void Inbox::posted(int tag) {
+  std::lock_guard<std::mutex> lock(*posted_mutex_);
+  ++posted_[tag];
+}
+
+void Inbox::started(int tag) {
+  std::lock_guard<std::mutex> lock(*posted_mutex_);
+  const auto it = posted_.find(tag);
+  if (it != posted_.end() && --it->second == 0) posted_.erase(it);  // a recv that was never posted: none
+}
+
+bool Inbox::awaited(int tag) const {
+  const auto held = std::count_if(held_.begin(), held_.end(), [&](const Held& m) { return m.stamp.root == tag; });
+  std::lock_guard<std::mutex> lock(*posted_mutex_);
+  const auto it = posted_.find(tag);
+  return it != posted_.end() && it->second > held;
 }
 
 bool Inbox::fits(const OpStamp& op) const {

@@ -5,14 +5,19 @@
 // its bytes need at the group's chunk size, each stamped with the sender's stamp (the
 // pair's send count as seq, the tag as root). A recv takes the first message from its peer
 // with its tag; messages of other tags in front of it move out of the slots into the
-// pair's Inbox, at most `limit` bytes of them, until a recv of their tag takes them. So
-// messages of one tag arrive in send order, and the slots never hold a message hostage.
+// pair's Inbox, at most `limit` bytes of them, until a recv of their tag takes them (past
+// the limit too where a recv of their tag is already posted: its buffer is the
+// application's promise to take the message). So messages of one tag arrive in send
+// order, and the slots never hold a message hostage.
 // A message matched to a recv must have its count and dtype; anything else (a frame of a
 // collective, another size) is a Mismatch error naming both sides' operations.
 #pragma once
 
 #include <cstddef>
 #include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "algorithms/algorithm.h"
@@ -31,6 +36,10 @@ class Inbox {
   // complete messages in front of it are held (as far as the limit allows). Throws as
   // ch.peek_recv() does once nothing can arrive and nothing of `tag` is held.
   bool offers(Channel& ch, int tag);
+  // A recv of `tag` from this pair's peer was posted (it waits for its turn on the peer's
+  // lane), or has started. Any thread.
+  void posted(int tag);
+  void started(int tag);
 
  private:
   struct Held {
@@ -45,11 +54,16 @@ class Inbox {
   void append_to_held(Channel& ch, const FrameHeader& h, const void* payload);
   // Whether a message stamped `op` fits beside what is held.
   bool fits(const OpStamp& op) const;
+  // Whether more recvs of `tag` are posted than messages of it are held: the next message
+  // of `tag` has a posted recv waiting for it.
+  bool awaited(int tag) const;
   void hold(Channel& ch, const FrameHeader& h, const void* payload);
 
   std::deque<Held> held_;
   size_t held_bytes_ = 0;
   size_t limit_;
+  std::unique_ptr<std::mutex> posted_mutex_ = std::make_unique<std::mutex>();
+  std::map<int, int> posted_;  // by tag: recvs posted and not started
 };
 
 }  // namespace pycomm

@@ -291,8 +291,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
     l.first_plan = comm_->plan_before_running(l.requests.front());
     work->set_choices(Communicator::choices(l.requests.front(), *l.first_plan));
   }
-  for (Request& rq : l.requests)
+  for (Request& rq : l.requests) {
     if (rq.collective == Collective::Recv && rq.root == kAnySource) rq.source = &work->source;
+    if (rq.collective == Collective::Recv && rq.root != kAnySource) comm_->post_recv(rq.root, rq.tag);
+  }
   // Small operations run eagerly even when asynchronous: they are latency-bound, so a
   // hand-off to the worker thread would cost more than it could overlap. Run here, the
   // Launch needs no copy on the heap.

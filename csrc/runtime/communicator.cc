@@ -171,6 +171,8 @@ Communicator::Choices Communicator::choices(const Request& rq, const Plan& plan)
   return {name_of(plan.variant), name_of(rq.options.compression), name_of(rq.options.determinism)};
 }
 
+void Communicator::post_recv(int peer, int tag) { inboxes_.at(static_cast<size_t>(peer)).posted(tag); }
+
 Plan Communicator::plan_before_running(const Request& rq) const {
   return plan(rq, rq.device >= 0 ? device_team_bytes(rq.device) : 0);
 }
@@ -258,7 +260,10 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
     }
   } let_go{receiving, doorbell_};
   Context cx = context();
-  if (receiving) cx.inbox = &inboxes_[rq.root];
+  if (receiving) {
+    cx.inbox = &inboxes_[rq.root];
+    cx.inbox->started(rq.tag);
+  }
   if (rq.device >= 0) {
     // The plan depends on the device's team, which the first operation on the device sets up.
     if (poisoned()) fail_poisoned(name_of(rq.collective));

@@ -78,6 +78,10 @@ class Communicator {
   static Choices choices(const Request& rq, const Plan& plan);
   // The plan as far as it is known before `rq` runs (its device team may not exist yet).
   Plan plan_before_running(const Request& rq) const;
+  // A recv from `peer` with `tag` was posted: it will run on the peer's lane. Until it
+  // starts, a message of its tag that arrives ahead of another recv's is held for it even
+  // past the pair's limit (see p2p.h). Any thread.
+  void post_recv(int peer, int tag);
 
   // The group's counters and flight recorder as JSON (see recorder.h); any thread.
   std::string stats_json() const;
