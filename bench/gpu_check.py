@@ -33,7 +33,8 @@ and Triton's interpreter standing in for the GPU kernels, gloo for NCCL).
 Writes under --out, named for the device: gpu-<device>-check.md (device, versions, each
 step's verdict, the numbers beside their targets), .json (every number) and .log (every
 step's output). The Markdown is rewritten after each step, so a run cut short still
-leaves what it measured.
+leaves what it measured. GPU_CHECK_COMMIT names the commit in the report (a tree copied to
+a GPU machine may carry no git history, or a stale one).
 """
 import argparse
 import json
