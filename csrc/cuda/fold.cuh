@@ -1,4 +1,4 @@
-// The device side of uncoded folds, for every kernel that folds terms (fold_kernels.cu,
+// The device side of uncoded folds, for every kernel that folds terms (fold_kernels.cuh,
 // team_kernels.cu): terms loaded V consecutive elements at a time, V * sizeof(T) = 16
 // bytes where every pointer is 16-byte aligned (V = 1 otherwise), folded in the order
 // given or exactly, as the CPU does (cpu_ops.cc), with numerics.h's per-element math.

@@ -1,6 +1,6 @@
 // What the reduction kernels share: the terms as a kernel parameter, the launch shape, and
-// one launcher per kind of fold (reduce_kernels.cu chooses; each lives in its own file so
-// that they compile in parallel).
+// one launcher per kind of fold (reduce_kernels.cu chooses), whose kernels are split over
+// files by codec or stage so that they compile in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,11 +59,18 @@ constexpr int kMaxCodecBlock = 1024;
 // kernels loop over the rest).
 int grid_for(size_t work_items, int multiprocessors);
 
-// Uncoded fold, in term order or exact (fold_kernels.cu).
+// Uncoded fold, in term order or exact (fold_kernels.cu): launch_fold_for<true> at
+// Stage::Final (fold_kernels_final.cu), else <false> (fold_kernels_partial.cu).
 void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
                  const KernelTarget& target);
-// Fold with a codec (coded_kernels.cu); spec.block <= kMaxCodecBlock.
+template <bool kFinal>
+void launch_fold_for(const ReduceSpec& spec, void* out, const Terms& terms, size_t n, const KernelTarget& target);
+// Fold with a codec (coded_kernels.cu); spec.block <= kMaxCodecBlock: launch_coded_for of
+// spec.codec's code format (coded_kernels_<codec>.cu).
 void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
                   const KernelTarget& target);
+template <class Code>
+void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
+                      const KernelTarget& target);
 
 }  // namespace pycomm

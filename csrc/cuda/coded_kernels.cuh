@@ -1,0 +1,275 @@
+// Folds with a codec (kernels.h): one warp per codec block, because scales are per codec
+// block: a block's largest magnitudes are reductions over the block (an input's, to
+// quantize it as its encoder would; the result's, to encode it). The arithmetic is
+// BlockCodec's of cpu_ops.cc, element by element. Each codec's launcher is instantiated
+// in a file of its own (coded_kernels_<codec>.cu), so that they compile in parallel.
+#pragma once
+
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+
+namespace pycomm {
+// Named, not anonymous: each coded_kernels_<codec>.cu compiles this header, and
+// launch_coded_for must mean the same thing in each.
+namespace coded_kernels {
+
+// The largest value of `v` over the warp; every lane gets it.
+__device__ __forceinline__ int32_t warp_max(int32_t v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// BlockCodec of cpu_ops.cc, per element: scale and its inverse, and whether codes may
+// round up to infinity (then finite values saturate one code down).
+template <class Code>
+struct Scaled {
+  float scale = 1.0f, inv = 1.0f;
+  bool overflow = false;
+  __device__ static Scaled of(int32_t amax) {
+    Scaled s;
+    s.scale = block_scale<Code>(bit_cast_<float>(amax));
+    s.inv = inverse_scale(s.scale);
+    s.overflow = block_may_overflow<Code>(bit_cast_<float>(amax), s.scale);
+    return s;
+  }
+  __device__ uint32_t encode(float v) const {
+    const uint32_t code = Code::encode(v * inv);
+    return overflow ? saturated_code<Code>(v, code, scale) : code;
+  }
+};
+
+constexpr int kWarps = kThreads / 32;
+constexpr int V = 4;  // consecutive elements per lane
+
+template <class X, size_t kAlign>
+struct alignas(kAlign) Pack {
+  X v[V];
+};
+
+// p[i, i + V) below m into x (the rest zero): one kAlign-aligned access when `vector` and
+// the group is whole, one per element otherwise.
+template <size_t kAlign, class X>
+__device__ __forceinline__ void load_group(const X* p, int i, int m, bool vector, X (&x)[V]) {
+  if (vector && i + V <= m) {
+    const Pack<X, kAlign> pack = *reinterpret_cast<const Pack<X, kAlign>*>(p + i);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = pack.v[e];
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = i + e < m ? p[i + e] : X{};
+  }
+}
+
+template <size_t kAlign, class X>
+__device__ __forceinline__ void store_group(X* p, int i, int m, bool vector, const X (&x)[V]) {
+  if (vector && i + V <= m) {
+    Pack<X, kAlign> pack;
+#pragma unroll
+    for (int e = 0; e < V; ++e) pack.v[e] = x[e];
+    *reinterpret_cast<Pack<X, kAlign>*>(p + i) = pack;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (i + e < m) p[i + e] = x[e];
+  }
+}
+
+template <class X>
+constexpr size_t kDataAlign = sizeof(X) * V < 16 ? sizeof(X) * V : 16;
+constexpr size_t kCodeAlign = 4;  // a record's codes start 4 bytes past its 4-aligned start
+
+// One warp per codec block: lane l holds the V consecutive elements V l + 32 V g + [0, V)
+// for g = 0, 1, ..., so a warp reads 32 V consecutive elements at a time (16-byte loads
+// of float operands, 4-byte loads of codes where `vector`), the block-wide maxima are
+// warp shuffles and warps never wait for each other. First each input term's scale, as
+// its encoder would choose it (one pass over its block; an encoded term's scale is loaded
+// with its codes), then each element's fold over the terms, then the output, encoded with
+// the result's scale. Elements past the block's
+// end (its last group may be partial) are loaded as zeros and never stored or measured.
+// Exact mode is a template argument, as in fold_kernels.cuh: its double-precision sums
+// would otherwise set every variant's register count.
+template <class T, ReduceKind K, class Code, bool kExact>
+__global__ void __launch_bounds__(kThreads)
+    coded_kernel(void* out, Terms t, size_t n, size_t block, Stage stage, float premul, int world, bool quantize_inputs,
+                 bool vector) {
+  using C = typename Code::Code;
+  __shared__ Scaled<Code> scales[kWarps][kMaxDeviceTerms];
+  extern __shared__ __align__(16) float results[];  // kWarps rows of `block`, for an encoded output only
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Scaled<Code>* term_scale = scales[warp];
+  const size_t stride = sizeof(float) + block * sizeof(C);
+  const size_t warps = static_cast<size_t>(gridDim.x) * kWarps;
+  const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
+  for (size_t b = static_cast<size_t>(blockIdx.x) * kWarps + warp; b * block < n; b += warps) {
+    const size_t base = b * block;
+    const int m = static_cast<int>(min(block, n - base));
+    const auto record = [&](const void* p) { return static_cast<const char*>(p) + b * stride; };
+    const auto inputs = [&](int j, int i, float (&v)[V]) {
+      T x[V];
+      load_group<kDataAlign<T>>(static_cast<const T*>(t.data[j]) + base, i, m, vector, x);
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = contribution<K>(Numeric<T>::load(x[e]), premul);
+    };
+    for (int j = 0; j < t.k; ++j) {
+      if (t.form[j] == Form::Input && quantize_inputs) {
+        int32_t amax = 0;
+        for (int i = V * lane; i < m; i += 32 * V) {
+          float v[V];
+          inputs(j, i, v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) amax = max(amax, finite_magnitude(v[e]));  // zeros past m
+        }
+        amax = warp_max(amax);
+        if (lane == 0) term_scale[j] = Scaled<Code>::of(amax);
+      }
+    }
+    __syncwarp();
+    const auto values = [&](int j, int i, float (&v)[V]) {
+      switch (t.form[j]) {
+        case Form::Input:
+          inputs(j, i, v);
+          if (quantize_inputs) {
+            const Scaled<Code> s = term_scale[j];
+#pragma unroll
+            for (int e = 0; e < V; ++e) v[e] = Code::decode(s.encode(v[e])) * s.scale;
+          }
+          return;
+        case Form::Partial:
+          load_group<kDataAlign<float>>(static_cast<const float*>(t.data[j]) + base, i, m, vector, v);
+          return;
+        default: {  // every lane loads the scale: no wait between it and the codes
+          const char* r = record(t.data[j]);
+          C codes[V];
+          load_group<kCodeAlign>(reinterpret_cast<const C*>(r + sizeof(float)), i, m, vector, codes);
+          const float scale = *reinterpret_cast<const float*>(r);
+#pragma unroll
+          for (int e = 0; e < V; ++e) v[e] = Code::decode(codes[e]) * scale;
+        }
+      }
+    };
+    // Each lane folds its elements; an encoded output goes through the warp's row of
+    // `results` (its scale needs the whole block's largest magnitude first).
+    const auto fold_group = [&](int i, float (&acc)[V]) {
+      float v[V];
+      if constexpr (kExact) {
+        int32_t largest[V] = {};
+        for (int j = 0; j < t.k; ++j) {
+          values(j, i, v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) largest[e] = max(largest[e], magnitude_bits(v[e]));
+        }
+        double sum[V] = {};
+        for (int j = 0; j < t.k; ++j) {
+          values(j, i, v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) sum[e] += exact_grid_steps(v[e], exact_grid(largest[e]).up);
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = exact_grid_value(sum[e], exact_grid(largest[e]).down);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          if (!nonfinite_magnitude(largest[e])) continue;
+          uint32_t seen = 0;
+          for (int j = 0; j < t.k; ++j) {
+            values(j, i, v);
+            if (nonfinite_magnitude(magnitude_bits(v[e]))) seen |= nonfinite_kind(v[e]);
+          }
+          acc[e] = exact_nonfinite<float>(seen);
+        }
+      } else {
+        values(0, i, acc);
+        for (int j = 1; j < t.k; ++j) {
+          values(j, i, v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[e] = reduce_op<K>(acc[e], v[e]);
+        }
+      }
+      if (K == ReduceKind::Avg && (stage == Stage::Final || stage == Stage::FinalEncoded)) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = finalize<K>(acc[e], world);
+      }
+    };
+    float* const result = results + warp * block;
+    int32_t amax = 0;
+    const auto emit_group = [&](int i, const float (&acc)[V]) {
+      if (encoded) {
+        store_group<kDataAlign<float>>(result, i, m, vector, acc);
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (i + e < m) amax = max(amax, finite_magnitude(acc[e]));
+      } else if (stage == Stage::Partial) {
+        store_group<kDataAlign<float>>(static_cast<float*>(out) + base, i, m, vector, acc);
+      } else {
+        T stored[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) stored[e] = Numeric<T>::store(acc[e]);
+        store_group<kDataAlign<T>>(static_cast<T*>(out) + base, i, m, vector, stored);
+      }
+    };
+    // Two groups per pass, both folded before either is stored: their loads are in flight
+    // together (a store may alias the next loads, so they cannot move above it).
+    for (int i = V * lane; i < m; i += 2 * 32 * V) {
+      float first[V], second[V];
+      fold_group(i, first);
+      fold_group(i + 32 * V, second);  // past m: zeros, never stored
+      emit_group(i, first);
+      emit_group(i + 32 * V, second);
+    }
+    if (encoded) {
+      const Scaled<Code> s = Scaled<Code>::of(warp_max(amax));  // each lane reads back its own elements
+      char* enc = static_cast<char*>(out) + b * stride;
+      if (lane == 0) *reinterpret_cast<float*>(enc) = s.scale;
+      C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+      for (int i = V * lane; i < m; i += 32 * V) {
+        float v[V];
+        C c[V];
+        load_group<kDataAlign<float>>(result, i, m, vector, v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) c[e] = static_cast<C>(s.encode(v[e]));
+        store_group<kCodeAlign>(codes, i, m, vector, c);
+      }
+    }
+    __syncwarp();  // term_scale and result are rewritten for the next codec block
+  }
+}
+
+template <class T, ReduceKind K, class Code, bool kExact>
+void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+                  const KernelTarget& target) {
+  // Encoding one contribution quantizes it once, in the encoder, as the CPU does.
+  const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
+  const size_t blocks = (n + spec.block - 1) / spec.block;
+  const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
+  const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
+  // Whole groups start aligned in every operand: block % V == 0 keeps each block's first
+  // element (and an encoded record, 4 + block * sizeof(code) bytes long) as aligned as
+  // the operand's start.
+  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  bool vector = spec.block % V == 0 && aligned(out, encoded ? kCodeAlign : 16);
+  for (int j = 0; j < t.k; ++j) vector = vector && aligned(t.data[j], t.form[j] == Form::Encoded ? kCodeAlign : 16);
+  coded_kernel<T, K, Code, kExact><<<grid_for(blocks * 32, target.multiprocessors), kThreads, shared, target.stream>>>(
+      out, t, n, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size, quantize_inputs,
+      vector);
+}
+
+}  // namespace coded_kernels
+
+template <class Code>
+void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+                      const KernelTarget& target) {
+  dispatch_fold(spec, [&](auto type, auto kind, auto exact) {
+    using T = typename decltype(type)::type;
+    constexpr ReduceKind K = decltype(kind)::value;
+    constexpr bool kExact = decltype(exact)::value;
+    if constexpr (std::is_same_v<AccOf<T>, float>) {
+      coded_kernels::launch_typed<T, K, Code, kExact>(spec, stage, out, t, n, target);
+    } else {
+      fail(ErrorKind::Internal, "pycomm: compression of a type that does not accumulate in float32");
+    }
+  });
+}
+
+}  // namespace pycomm

@@ -1,0 +1,8 @@
+// The folds with fp16 codes (coded_kernels.cuh).
+#include "cuda/coded_kernels.cuh"
+
+namespace pycomm {
+
+template void launch_coded_for<CodeFp16>(const ReduceSpec&, Stage, void*, const Terms&, size_t, const KernelTarget&);
+
+}  // namespace pycomm

@@ -1,0 +1,8 @@
+// The folds with fp8 (e4m3) codes (coded_kernels.cuh).
+#include "cuda/coded_kernels.cuh"
+
+namespace pycomm {
+
+template void launch_coded_for<CodeFp8E4M3>(const ReduceSpec&, Stage, void*, const Terms&, size_t, const KernelTarget&);
+
+}  // namespace pycomm
