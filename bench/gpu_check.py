@@ -211,7 +211,7 @@ def _one_rank_group(device):
     return "exit %d: %s" % (run.returncode, (run.stderr.strip().splitlines() or ["no output"])[-1][:200])
 
 
-def _kernel_sets(dry):
+def _kernel_sets():
     """The folds to measure, by name: pycomm's CUDA kernels and its Triton kernels (in a
     dry run the CPU ops and Triton's interpreter)."""
     from pycomm import _C
@@ -265,7 +265,7 @@ def step_throughput(dry, save):
                   else torch.empty(n, dtype=dtype, device=device))
         nbytes = sum(t.nbytes for t in terms) + result.nbytes
         outputs = {}
-        for kernels, fold in _kernel_sets(dry).items():
+        for kernels, fold in _kernel_sets().items():
             def call():
                 fold(result, terms, forms, dtype, n, SUM, 2, exact, codec, block, stage)
             try:

@@ -191,7 +191,7 @@ class _Call:
             options = self.record.options[key] = _C.layered_options(collective, like.dtype, op, compression or "",
                                                                     deterministic or "")
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
-        self.log_level, self.exact = options.log_level, options.determinism == "exact"
+        self.exact = options.determinism == "exact"
         self.kernel, self.terms_per_fold = kernels_for(like.device), terms_per_fold(like.device)
         self.rank, self.size = self.record.rank, self.record.size
         if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \

@@ -61,8 +61,7 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
     return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
-                          static_cast<int64_t>(config.compression_block), name_of(o.determinism),
-                          static_cast<int>(config.log_level)};
+                          static_cast<int64_t>(config.compression_block), name_of(o.determinism)};
   });
 }
 

@@ -32,7 +32,6 @@ struct LayeredOptions {
   std::string codec;        // "none" when the call runs uncompressed
   int64_t block = 0;        // PYCOMM_COMPRESSION_BLOCK
   std::string determinism;  // "0", "1" or "exact"
-  int log_level = 0;        // PYCOMM_DEBUG: 0 WARN, 1 INFO, 2 TRACE
 };
 // The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
 // `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.

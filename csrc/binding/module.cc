@@ -138,8 +138,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<pycomm::LayeredOptions>(m, "LayeredOptions")
       .def_readonly("codec", &pycomm::LayeredOptions::codec)
       .def_readonly("block", &pycomm::LayeredOptions::block)
-      .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
-      .def_readonly("log_level", &pycomm::LayeredOptions::log_level);
+      .def_readonly("determinism", &pycomm::LayeredOptions::determinism);
   py::class_<pycomm::LayeredRecorder>(m, "LayeredRecorder")
       .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("group"), py::arg("rank"),
            py::arg("size"), py::arg("mover"))
