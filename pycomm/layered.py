@@ -120,18 +120,18 @@ def kernels_for(device):
 # The type a fold's partial values are kept in (Stage.Partial): 16-bit floats accumulate in
 # float32, bool in uint8, everything else in its own type.
 PARTIAL_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.bool: torch.uint8}
-# The most terms one launch of the device kernels folds (the CUDA kernels' parameter holds
-# 64; the Triton kernel unrolls a copy per term, a specialization per count).
-DEVICE_FOLD_TERMS = 64
+# The most terms one launch of pycomm's CUDA kernels folds (their parameter holds 64).
+CUDA_FOLD_TERMS = 64
 
 
-def terms_per_fold(device):
-    """The most terms one fold on ``device`` takes (None: any number, the CPU ops). A fold
-    of more runs in slices, each slice's accumulation handed to the next as a partial
-    term: the same bits as one fold, since terms fold left in order and a partial holds
-    the accumulation exactly. Exact mode rounds its sum once over every term, so it cannot
-    be sliced: past this many ranks it is refused on that device."""
-    return None if device.type == "cpu" else DEVICE_FOLD_TERMS
+def terms_per_fold(kernel, device):
+    """The most terms one call of ``kernel`` folds on ``device`` (None: any number; the
+    CPU ops and the Triton kernel, which loops over runs of terms). A fold of more runs in
+    slices, each slice's accumulation handed to the next as a partial term: the same bits
+    as one fold, since terms fold left in order and a partial holds the accumulation
+    exactly. Exact mode rounds its sum once over every term, so it cannot be sliced: past
+    this many ranks it is refused with those kernels."""
+    return CUDA_FOLD_TERMS if device.type == "cuda" and kernel is _C.fold else None
 
 
 class _GroupRecord:
@@ -192,12 +192,14 @@ class _Call:
                                                                     deterministic or "")
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
         self.exact = options.determinism == "exact"
-        self.kernel, self.terms_per_fold = kernels_for(like.device), terms_per_fold(like.device)
+        self.kernel = kernels_for(like.device)
+        self.terms_per_fold = terms_per_fold(self.kernel, like.device)
         self.rank, self.size = self.record.rank, self.record.size
         if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \
                 and _C.reduction(op, like.dtype)[0] in ("sum", "avg", "premul_sum"):
-            raise ValueError(f"pycomm: exact mode on {like.device.type} tensors folds every rank's terms in one "
-                             f"kernel, at most {self.terms_per_fold}, and this group has {self.size} ranks")
+            raise ValueError(f"pycomm: exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels "
+                             f"take at most {self.terms_per_fold}, and this group has {self.size} ranks; "
+                             "PYCOMM_KERNELS=triton folds any number")
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
         self.collective, self.seq = collective, next(self.record.seq)
         self.id = self.record.recorder.begin(collective, self.seq, like.dtype, count, op, self.codec, self.block,

@@ -20,9 +20,10 @@ Exactness rules, which make the interpreter, the GPU and the CPU compute the sam
   grid steps, integers held exactly in float64, in any order, as the CPU does.
 * Float32 arithmetic keeps subnormals (Triton does not flush float32 adds and multiplies).
 
-One kernel, :func:`_fold_kernel`, specialized per term forms, reduction, stage, codec and
-mode, serves every call: a program folds one tile (a codec block, or 1024 elements) of
-every term. Exact mode for float64 data (128-bit integer sums on the CPU) has no Triton
+One kernel, :func:`_fold_kernel`, specialized per reduction, stage, codec, mode and the
+forms of its runs of terms (not their number: any world size takes the same kernel),
+serves every call: a program folds one tile (a codec block, or 1024 elements) of every
+term. Exact mode for float64 data (128-bit integer sums on the CPU) has no Triton
 kernel: it raises.
 """
 from __future__ import annotations
@@ -297,28 +298,36 @@ _ROUND_TO_INTEGER = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52 (numerics.h k
 
 
 @triton.jit
-def _exact_sum(terms, FORMS: tl.constexpr, K: tl.constexpr, blocks, offs, mask, n, premul, STORAGE: tl.constexpr,
-               KIND: tl.constexpr,
-               CODEC: tl.constexpr, QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-               CODE_BYTES: tl.constexpr):
+def _run_term(runs, strides, R: tl.constexpr, j):
+    """The address of term j of run R (runs[R] + j * strides[R], in int64: a run of many
+    ranks' segments spans more than 2^31 elements)."""
+    return runs[R] + tl.cast(j, tl.int64) * strides[R]
+
+
+@triton.jit
+def _exact_sum(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, blocks, offs, mask, n, premul,
+               STORAGE: tl.constexpr, KIND: tl.constexpr, CODEC: tl.constexpr, QUANTIZE: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """numerics.h exact mode for float accumulation: each element's terms on the grid
     2^(E - 36) of its largest magnitude, the grid steps (integers exact in float64) added,
     the sum rounded once; NaN or the infinity where a term is not finite."""
     amax = tl.zeros([ROWS, BLOCK], tl.int32)
-    for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE,
-                       BLOCK, CODE_BYTES)
-        amax = tl.maximum(amax, _magnitude(v))
+    for r in tl.static_range(RUNS):
+        for j in range(counts[r]):
+            v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float32,
+                           STORAGE, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
+            amax = tl.maximum(amax, _magnitude(v))
     e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
     up = ((1023 + 36 - e) << 52).to(tl.float64, bitcast=True)
     down = ((1023 - 36 + e) << 52).to(tl.float64, bitcast=True)
     total = tl.zeros([ROWS, BLOCK], tl.float64)
     seen = tl.zeros([ROWS, BLOCK], tl.int32)
-    for j in tl.static_range(K):
-        v = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, tl.float32, STORAGE, KIND, CODEC, QUANTIZE,
-                       BLOCK, CODE_BYTES)
-        total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
-        seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
+    for r in tl.static_range(RUNS):
+        for j in range(counts[r]):
+            v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float32,
+                           STORAGE, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
+            total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
+            seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
     nan = ((seen & 1) != 0) | ((seen & 6) == 6)
     nonfinite = tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32)
     return tl.where(amax >= 0x7F800000, _f32(nonfinite), (total * down).to(tl.float32))
@@ -339,14 +348,18 @@ def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["premul_bits", "world_size"])
-def _fold_kernel(out, terms, n, premul_bits: tl.int64, world_size, FORMS: tl.constexpr, K: tl.constexpr,
-                 KIND: tl.constexpr, STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr,
+def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_size, FORMS: tl.constexpr,
+                 RUNS: tl.constexpr, KIND: tl.constexpr, STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr,
                  QUANTIZE: tl.constexpr, ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """DeviceOps::reduce_terms for one tile, ROWS codec blocks of BLOCK elements (program
     p: blocks p * ROWS ...): terms folded left in order, or exactly; STAGE 0 Partial (the
     accumulation type), 1 Final (the storage type), 2 Encoded, 3 FinalEncoded (finalized,
     then encoded). Without a codec, blocks are only the tile's shape.
+
+    The terms come as RUNS runs (see ``_runs``): run r is counts[r] operands of form
+    FORMS[r], the first at runs[r], each the next strides[r] elements on. The counts are
+    loop bounds, not unrolled, so that one specialization serves every world size.
 
     Scalars are arguments, so that a call copies nothing from the host: premul_bits, the
     float64 bits of PREMUL_SUM's factor (a float argument would be float32), and
@@ -357,15 +370,16 @@ def _fold_kernel(out, terms, n, premul_bits: tl.int64, world_size, FORMS: tl.con
     # The interpreter types an integer argument by its value: 0.0's bits arrive as int32.
     premul = premul_bits.to(tl.int64).to(tl.float64, bitcast=True)
     if EXACT:
-        acc = _exact_sum(terms, FORMS, K, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC, QUANTIZE, ROWS, BLOCK,
-                         CODE_BYTES)
+        acc = _exact_sum(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC,
+                         QUANTIZE, ROWS, BLOCK, CODE_BYTES)
     else:
-        acc = _load_term(terms[0], FORMS[0], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK,
+        acc = _load_term(runs[0], FORMS[0], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK,
                          CODE_BYTES)
-        for j in tl.static_range(1, K):
-            term = _load_term(terms[j], FORMS[j], blocks, offs, mask, n, premul, ACC, OUT_KIND, KIND, CODEC, QUANTIZE,
-                              BLOCK, CODE_BYTES)
-            acc = _combine(acc, term, KIND)
+        for r in tl.static_range(RUNS):
+            for j in range(1 if r == 0 else 0, counts[r]):
+                term = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, ACC,
+                                  OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
+                acc = _combine(acc, term, KIND)
     if KIND == 1 and (STAGE == 1 or STAGE == 3):
         if ACC == tl.float32:
             acc = tl.div_rn(acc, world_size.to(ACC))
@@ -446,14 +460,32 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     out_form = {Stage.Partial: acc, Stage.Final: memory.get(dtype, dtype)}.get(stage, torch.uint8)
     width = block if coded else _TILE
     rows = _TILE // width
+    runs = _runs([_typed(t, in_form[f]) for t, f in zip(terms, forms)], forms)
     _fold_kernel[(triton.cdiv(count, rows * width),)](
-        _typed(out, out_form), tuple(_typed(t, in_form[f]) for t, f in zip(terms, forms)), count,
-        struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
-        FORMS=tuple(int(f) for f in forms), K=len(terms), KIND=_KINDS[kind], STAGE=int(stage),
+        _typed(out, out_form), tuple(r[0] for r in runs), tuple(r[2] for r in runs), tuple(r[3] for r in runs),
+        count, struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
+        FORMS=tuple(int(r[1]) for r in runs), RUNS=len(runs), KIND=_KINDS[kind], STAGE=int(stage),
         CODEC=_CODECS.get(codec, 0), EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
         ACC=_TL_TYPES[acc], FLOATING=acc.is_floating_point, OUT_KIND=_OUT_KINDS.get(dtype, 0),
         ROWS=rows, BLOCK=width, CODE_BYTES=1 if codec.startswith("fp8") else 2,
         enable_fp_fusion=False)
+
+
+def _runs(terms, forms):
+    """The terms, in order, as runs [first, form, stride, count]: consecutive terms of one
+    form whose addresses step by the same whole number of elements (stride, possibly 0 or
+    negative). The layered path's n contributions, pieces of one receive buffer around
+    this rank's own input, make at most three runs at any world size."""
+    runs = []
+    for t, form in zip(terms, forms):
+        if runs:
+            first, run_form, stride, count = runs[-1]
+            step, rest = divmod(t.data_ptr() - first.data_ptr(), t.element_size())
+            if run_form == form and first.dtype == t.dtype and not rest and (count == 1 or step == stride * count):
+                runs[-1][2:] = [step if count == 1 else stride, count + 1]
+                continue
+        runs.append([t, form, 0, 1])
+    return runs
 
 
 _TL_TYPES = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int8: tl.int8, torch.uint8: tl.uint8,

@@ -157,6 +157,48 @@ def test_fold_matches_cpu(part):
         assert _equal(cpu, tri), (str(dtype), codec, stage, op, exact, forms, block, n)
 
 
+def _exchanged(world, rank, dtype, codec, block, n, seed, device):
+    """Terms on ``device`` as the layered path's exchange lays them out: every other
+    rank's segment a piece of one receive buffer (encoded in slots under a codec), this
+    rank's own input in rank order among them."""
+    mine = _data(n, dtype, seed).to(device)
+    others = [_data(n, dtype, seed + 1 + p) for p in range(world - 1)]
+    if codec == "none":
+        recv = torch.stack(others).to(device)
+        pieces, form = list(recv), Form.Input
+    else:
+        encoded = [_C.encode(x, codec, block, None) for x in others]
+        slot = -(-encoded[0].numel() // 16) * 16
+        recv = torch.zeros(len(encoded), slot, dtype=torch.uint8)
+        for row, e in zip(recv, encoded):
+            row[:e.numel()] = e
+        recv = recv.to(device)
+        pieces, form = [row[:encoded[0].numel()] for row in recv], Form.Encoded
+    terms = pieces[:rank] + [mine] + pieces[rank:]
+    forms = [form] * rank + [Form.Input] + [form] * (world - 1 - rank)
+    return terms, forms
+
+
+@pytest.mark.parametrize("world", [9, 130])
+def test_fold_of_many_ranks_matches_cpu(world):
+    """Past the CUDA kernels' 64 terms, in one launch: the exchange's terms make at most
+    three runs whatever the world size, every mode and codec bit-equal to the CPU ops."""
+    cases = [(torch.float32, "none", False, "SUM"), (torch.bfloat16, "none", True, "AVG"),
+             (torch.float32, "fp8_e4m3", True, "AVG"), (torch.float16, "fp16", False, "SUM"),
+             (torch.float32, "bf16", True, "PREMUL_SUM"), (torch.float32, "fp8_e5m2", False, "MAX")]
+    for i, (dtype, codec, exact, op) in enumerate(cases):
+        block, n = 64, 2 * 64 + 3
+        rank = [0, world // 2, world - 1][i % 3]
+        terms, forms = _exchanged(world, rank, dtype, codec, block, n, 100 * i, DEVICE)
+        assert len(triton_kernels._runs(terms, forms)) == (2 if rank in (0, world - 1) else 3)
+        stage = Stage.FinalEncoded if codec != "none" else Stage.Final
+        cpu = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
+        tri = cpu.to(DEVICE)
+        _C.fold(cpu, [t.cpu() for t in terms], forms, dtype, n, _op(op), world, exact, codec, block, stage)
+        triton_kernels.fold(tri, terms, forms, dtype, n, _op(op), world, exact, codec, block, stage)
+        assert _equal(cpu, tri.cpu()), (world, str(dtype), codec, exact, op)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])
 def test_uncoded_fold_of_other_types_matches_cpu(dtype):
     ops = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR"]
@@ -213,6 +255,9 @@ COMPILED_FOLDS = [
     (torch.float64, "AVG", Stage.Final, "none", False, [Form.Input, Form.Input], 3),
     (torch.float64, "PREMUL_SUM", Stage.Partial, "none", False, [Form.Input, Form.Input], 3),
 ]
+# World sizes whose layered folds must compile to one kernel (counts that are not
+# multiples of 16, which Triton specializes on, as it does on a count of 1).
+SAME_KERNEL_WORLDS = [9, 67, 130]
 # Compiles the fold kernel for sm_90 in a process of its own (a process that imported
 # Triton to interpret holds interpreted functions of triton.language, which the compiler
 # cannot call): reads launches' (args, kwargs) as a pickle, specializes them as Triton's
@@ -267,14 +312,21 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
         out = _output(dtype, n, codec if codec != "none" else "fp16", block, stage)
         triton_kernels.fold(out, _terms(forms, dtype, n, codec, block, 0), forms, dtype, n, _op(op), world, exact,
                             codec, block, stage)
+    for world in SAME_KERNEL_WORLDS:  # the exchange's terms at a middle rank, exact fp8
+        terms, forms = _exchanged(world, world // 2, torch.float32, "fp8_e4m3", block, n, 0, "cpu")
+        out = _output(torch.float32, n, "fp8_e4m3", block, Stage.FinalEncoded)
+        triton_kernels.fold(out, terms, forms, torch.float32, n, _op("AVG"), world, True, "fp8_e4m3", block,
+                            Stage.FinalEncoded)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     child = subprocess.run([sys.executable, "-c", COMPILE_FOLDS, json.dumps(sys.path)], env=env, capture_output=True,
                            input=pickle.dumps(launches.calls), timeout=300)
     assert child.returncode == 0, child.stderr.decode()[-6000:]
-    for case, ptx in zip(COMPILED_FOLDS, pickle.loads(child.stdout), strict=True):
+    ptxs = pickle.loads(child.stdout)
+    for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS, ptxs, strict=True):
         assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
-        if case[1] == "AVG":
+        if case in SAME_KERNEL_WORLDS or case[1] == "AVG":
             assert re.search(r"\bdiv\.rn\.f(?:32|64)\b", ptx), case
+    assert len(set(ptxs[len(COMPILED_FOLDS):])) == 1, "the fold kernel differs between world sizes"
 
 
 def layered_on_triton_world(rank, ws):
