@@ -197,6 +197,76 @@ def test_recursive_doubling_at_any_world_size(world, tmp_path):
     assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
 
 
+# Hierarchical reduce-scatter and all-gather on nodes of several ranks (2 x 3, 3 x 2 with
+# TCP between, 3 x 3), uneven lengths and 4 KiB frames: exact results, the variant that
+# ran named by Work.algorithm; under a codec the all-gather's bits equal the ring's (each
+# segment quantized once by its owner) and the reduce-scatter stays within the codec's
+# error bound (node partials quantized once).
+TWO_LEVEL_WORLDS = [(6, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="3")),
+                    (6, {"PYCOMM_RANKS_PER_NODE": "2", "PYCOMM_TRANSPORT": "tcp"}),
+                    (9, {"PYCOMM_RANKS_PER_NODE": "3"})]
+CODEC_ERROR = {"fp16": 1e-3, "bf16": 5e-3, "fp8_e4m3": 6e-2, "fp8_e5m2": 1.2e-1}
+
+
+def two_level_world(rank, ws):
+    import pycomm
+
+    problems = []
+
+    def ran(work):
+        work.wait()
+        return [] if work.algorithm == "hierarchical" else ["ran as %s" % work.algorithm]
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for op in ("SUM", "MAX", "AVG") if dtype != torch.int64 else ("SUM", "MIN"):
+            for n in (0, 1, 7, 1001, 2500):
+                label = "two-level %s %s n=%d" % (dtype, op, n)
+
+                def body():
+                    g = torch.Generator().manual_seed(seed_of(label))
+                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
+                    out = torch.zeros(n, dtype=dtype)
+                    found = ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm="hierarchical",
+                                                             async_op=True))
+                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                    found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
+                    gathered = torch.zeros(ws * n, dtype=dtype)
+                    found += ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm="hierarchical",
+                                                               async_op=True))
+                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
+                _case(problems, label, body)
+    for codec, bound in CODEC_ERROR.items():
+        label = "two-level %s" % codec
+
+        def body():
+            inputs = [random_float(seed_of(label), r, ws * 2500, torch.float32, "SUM") for r in range(ws)]
+            mine = inputs[rank][:2500]
+            ring, two_level = torch.zeros(ws * 2500), torch.zeros(ws * 2500)
+            pycomm.all_gather_into_tensor(ring, mine, algorithm="ring", compression=codec)
+            found = ran(pycomm.all_gather_into_tensor(two_level, mine, algorithm="hierarchical", compression=codec,
+                                                      async_op=True))
+            if not torch.equal(ring, two_level):
+                found.append("all-gather: bits differ from the ring's")
+            out = torch.zeros(2500)
+            found += ran(pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="hierarchical", compression=codec,
+                                                      async_op=True))
+            exact = torch.stack([x.double() for x in inputs]).sum(0)[rank * 2500:(rank + 1) * 2500]
+            error = ((out.double() - exact).norm() / exact.norm()).item()
+            return found + (["reduce-scatter: error %.2e over %.0e" % (error, bound)] if error > bound else [])
+        _case(problems, label, body)
+    return problems
+
+
+@pytest.mark.parametrize("world", TWO_LEVEL_WORLDS, ids=_world_id)
+def test_two_level_reduce_scatter_and_all_gather(world):
+    if is_gloo():
+        pytest.skip("algorithms are pycomm's")
+    ws, env = world
+    results = run_world(two_level_world, ws, env=env, pg_timeout=30, timeout=300)
+    problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
+    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+
+
 def _choice_lines(calls):
     """Runs calls() and returns the INFO lines pycomm wrote to stderr about collectives."""
     _, text = capture_stderr(calls)

@@ -18,10 +18,13 @@
 namespace pycomm {
 
 enum class Scratch {
-  Partials,  // hierarchical: fp32 partial sums of this rank's shard; recursive doubling: its partial
+  Partials,  // hierarchical: fp32 partial sums (all-reduce: of this rank's shard; reduce-scatter: of its
+             // column's segments); recursive doubling: its partial
   Own,       // compressed: this rank's encoded piece
   Sent,      // compressed one-shot: this rank's contribution, encoded once for every peer
   Results,   // compressed tree: each half's encoded result piece
+  Column,    // hierarchical all-gather: the segments of this rank's column (its local index on every node)
+  Shard,     // hierarchical reduce-scatter: this rank's segment reduced across nodes, not yet rounded
   kCount
 };
 

@@ -179,6 +179,31 @@ double hierarchical_allreduce_us(const PlanInput& in) {
   inter.node_out_bytes = 2 * (s.N - 1) / s.N * s.W;
   return time_us(intra, in.costs, false) + time_us(inter, in.costs, true);
 }
+double hierarchical_reduce_scatter_us(const PlanInput& in) {
+  // Within the node, each rank sends (L-1)/L of its input and folds its column's segments;
+  // the L inter-node rings of the node partials share each node's link: (N-1)/N * W.
+  const Sizes s(in);
+  Cost intra;
+  intra.frames = (s.L - 1) * s.N * chunks(s.B / s.n, s.chunk);
+  intra.traffic = 3 * s.B;
+  Cost inter;
+  inter.steps = s.N - 1 + chunks(s.W / s.n, s.chunk) - 1;
+  inter.node_out_bytes = (s.N - 1) / s.N * s.W;
+  return time_us(intra, in.costs, false) + time_us(inter, in.costs, true);
+}
+double hierarchical_allgather_us(const PlanInput& in) {
+  // The L inter-node rings of the ranks' own segments share each node's link: (N-1)/N * W
+  // leaves every node. Within it, each rank sends its column's N segments to L-1 peers.
+  const Sizes s(in);
+  const double segment_chunks = chunks(s.W / s.n, s.chunk);
+  Cost inter;
+  inter.steps = s.N - 1 + segment_chunks - 1;
+  inter.node_out_bytes = (s.N - 1) / s.N * s.W;
+  Cost intra;
+  intra.frames = (s.L - 1) * s.N * chunks(s.B / s.n, s.chunk);
+  intra.traffic = 3 * s.B;
+  return time_us(intra, in.costs, false) + time_us(inter, in.costs, true);
+}
 double ring_pass_us(const PlanInput& in) {
   const Sizes s(in);
   return time_us(ring_pass(s, in.collective == Collective::AllGather), in.costs, s.N > 1);
@@ -214,11 +239,13 @@ bool tree_applies(const PlanInput& in, std::string* why) {
 bool recursive_doubling_applies(const PlanInput& in, std::string* why) {
   return tree_applies(in, why) && (in.network || say(why, "recursive doubling serves groups whose frames cross TCP"));
 }
-bool hierarchical_applies(const PlanInput& in, std::string* why) {
-  if (ordered(in)) return say(why, kPartialSumsTravel);
+bool two_level(const PlanInput& in, std::string* why) {
   if (in.topology->node_count() < 2) return say(why, "hierarchical needs more than one node");
   if (!in.topology->uniform()) return say(why, "hierarchical needs the same number of ranks on every node");
   return true;
+}
+bool hierarchical_applies(const PlanInput& in, std::string* why) {
+  return (!ordered(in) || say(why, kPartialSumsTravel)) && two_level(in, why);
 }
 
 struct Row {
@@ -255,8 +282,11 @@ const std::vector<Row>& rows() {
       {C::ReduceScatter, A::Ring, V::Ring, plain_unordered, ring_pass_us, ring_reduce_scatter},
       {C::ReduceScatter, A::Ring, V::Direct, ordered_or_coded, direct_pass_us, direct_reduce_scatter},
       {C::ReduceScatter, A::OneShot, V::Direct, always, direct_pass_us, direct_reduce_scatter},
+      {C::ReduceScatter, A::Hierarchical, V::Hierarchical, hierarchical_applies, hierarchical_reduce_scatter_us,
+       hierarchical_reduce_scatter},
       {C::AllGather, A::Ring, V::Ring, always, ring_pass_us, ring_allgather},
       {C::AllGather, A::OneShot, V::Direct, always, direct_pass_us, direct_allgather},
+      {C::AllGather, A::Hierarchical, V::Hierarchical, two_level, hierarchical_allgather_us, hierarchical_allgather},
       {C::Broadcast, A::Auto, V::Chain, always, not_modelled_us, chain_broadcast},
       {C::Reduce, A::Auto, V::Chain, always, not_modelled_us, chain_reduce},
       {C::Gather, A::Auto, V::Direct, always, not_modelled_us, direct_gather},

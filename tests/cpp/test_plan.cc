@@ -238,7 +238,32 @@ static void test_compression_is_priced() {
   CHECK(direct_ring != ring, "direct+ring priced as a ring: %.0f us", ring);
 }
 
+// Reduce-scatter and all-gather across nodes: the two-level variants where the link is
+// slow, 1.5x less over it than a flat ring on 2 x 2 (bound: (n-1)/n against (N-1)/N), and
+// the reduce-scatter's partial sums kept out of the deterministic modes.
+static void test_two_level_reduce_scatter_and_all_gather() {
+  const Topology one = uniform(1, 4), two = uniform(2, 2);
+  for (Collective c : {Collective::ReduceScatter, Collective::AllGather}) {
+    const PlanInput large = input(two, 64 << 20, c);
+    CHECK(std::string(label(large)) == "hierarchical", "%s of 64 MiB on 2 x 2: %s", name_of(c), label(large));
+    const double ratio = predicted_us(Algorithm::Ring, large) / predicted_us(Algorithm::Hierarchical, large);
+    CHECK(ratio > 1.4 && ratio < 1.51, "%s: ring / hierarchical predicted %.2f", name_of(c), ratio);
+    const Plan single = make_plan(input(one, 64 << 20, c, Algorithm::Hierarchical));
+    CHECK(single.algorithm != Algorithm::Hierarchical && single.fallback.find("more than one node") != std::string::npos,
+          "%s on one node: %s", name_of(c), single.fallback.c_str());
+    PlanInput exact = input(two, 64 << 20, c, Algorithm::Hierarchical);
+    exact.options.determinism = Determinism::Exact;
+    const Plan p = make_plan(exact);
+    if (c == Collective::AllGather)
+      CHECK(p.algorithm == Algorithm::Hierarchical, "exact all-gather: %s", p.fallback.c_str());
+    else
+      CHECK(p.algorithm != Algorithm::Hierarchical && p.fallback.find("deterministic") != std::string::npos,
+            "exact reduce-scatter: %s (%s)", name_of(p.algorithm), p.fallback.c_str());
+  }
+}
+
 int main() {
+  test_two_level_reduce_scatter_and_all_gather();
   test_labels_say_what_runs();
   test_compression_is_priced();
   test_requested_algorithm_is_honoured_where_it_serves();

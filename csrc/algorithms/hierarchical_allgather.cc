@@ -1,0 +1,64 @@
+// Hierarchical all-gather, for several nodes with equal numbers of ranks (L per node, N
+// nodes): each segment crosses the slow inter-node links once per node that lacks it,
+// and the fast intra-node links carry the rest.
+// Steps:
+//   1. inter-node ring all-gather of this rank's segment among the N ranks with its local
+//      index (one ring per local index, all running at once): this rank then holds its
+//      column's N segments, in node order, in scratch;
+//   2. intra-node direct all-gather of the column: chunk by chunk, each rank sends its
+//      column's segments to every peer of its node and puts each segment it receives, and
+//      its own column's, at the segment's place in the output.
+// Bytes sent per rank: inter (N-1)/N * wire(N * count); intra (L-1) * N * count *
+// element_size. What leaves each node: (N-1)/N of the wire bytes of the whole output,
+// against (n-1)/n for a flat ring, on whose every link the whole stream passes. Compressed:
+// step 1 is, as the flat all-gathers (each segment quantized once by its owner; every rank
+// decodes the same bits); step 2 moves the decoded values as they are (the links are fast,
+// and re-encoding across blocks that start elsewhere would change the bits).
+// Transports: shared memory within nodes, TCP between them (any works).
+#include <algorithm>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+
+namespace pycomm {
+
+void hierarchical_allgather(const Context& cx, const Request& rq) {
+  const Topology& topo = *cx.topology;
+  const int me = cx.group_rank(cx.rank);
+  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
+  const int local = static_cast<int>(std::find(node.begin(), node.end(), me) - node.begin());
+  std::vector<int> column;  // the ranks with my local index, one per node
+  for (const auto& n : topo.nodes) column.push_back(n[local]);
+  const Context intra = cx.team(node), inter = cx.team(column);
+  const size_t es = element_size(rq.dtype), count = rq.count;
+
+  char* const gathered = cx.workspace->get(Scratch::Column, column.size() * count * es);
+  Request across = rq;
+  across.output = gathered;
+  ring_allgather(inter, across);  // 1
+
+  Request within = rq;  // 2: nothing is compressed within a node
+  within.options.compression = Compression::None;
+  const Wire plain(intra, within);
+  const size_t chunk = plain.chunk(intra);
+  auto* out = static_cast<char*>(rq.output);
+  const int L = intra.size;
+  for (size_t j = 0; j < column.size(); ++j) {
+    const char* const mine = gathered + j * count * es;
+    const std::vector<int>& on_node = topo.nodes[j];
+    for (size_t first = 0; first < count; first += chunk) {
+      const size_t len = std::min(chunk, count - first), bytes = len * es;
+      for (int k = 1; k < L; ++k)
+        send_frame(intra, mod(local + k, L), bytes, [&](void* slot) { cx.ops->copy(slot, mine + first * es, bytes); });
+      cx.ops->copy(out + (on_node[local] * count + first) * es, mine + first * es, bytes);
+      for (int k = 1; k < L; ++k) {
+        const int p = mod(local - k, L);
+        recv_frame(intra, p, bytes, [&](const void* data) {
+          cx.ops->copy(out + (on_node[p] * count + first) * es, data, bytes);
+        });
+      }
+    }
+  }
+}
+
+}  // namespace pycomm

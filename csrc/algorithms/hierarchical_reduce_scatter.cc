@@ -1,0 +1,81 @@
+// Hierarchical reduce-scatter, for several nodes with equal numbers of ranks (L per node,
+// N nodes): the node's ranks add their contributions first, so that only one partial sum
+// per node crosses the slow inter-node links.
+// Steps:
+//   1. intra-node direct reduce-scatter of the column: chunk by chunk, each rank sends
+//      every peer of its node the pieces of the segments in that peer's column (the ranks
+//      with its local index, one per node) and folds its own column's from the node's L
+//      contributions, in local rank order, into partial sums kept in the accumulation
+//      format (not rounded yet), one segment per node;
+//   2. inter-node reduce-scatter of those N partial segments among the N ranks with this
+//      rank's local index (one per local index, all running at once): a ring, or under a
+//      codec the direct reduce-scatter (each node's partial quantized once);
+//   3. finalize this rank's segment (AVG divides by the world size) and round it once
+//      into the output.
+// Bytes sent per rank: intra (L-1)/L * count * n * element_size; inter (N-1) * count *
+// accum_size (or its encoding). What leaves each node: (N-1)/N of the whole input's wire
+// bytes, against (n-1)/n for a flat ring. Partial sums are grouped by the node shape, so
+// the deterministic modes, which fold each element from all contributions at once, do
+// not take it (the plan says why). Transports: shared memory within nodes, TCP between
+// them (any works).
+#include <algorithm>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+#include "core/dispatch.h"
+
+namespace pycomm {
+
+void hierarchical_reduce_scatter(const Context& cx, const Request& rq) {
+  const Topology& topo = *cx.topology;
+  const int me = cx.group_rank(cx.rank);
+  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
+  const int local = static_cast<int>(std::find(node.begin(), node.end(), me) - node.begin());
+  std::vector<int> column;  // the ranks with my local index, one per node
+  for (const auto& n : topo.nodes) column.push_back(n[local]);
+  const Context intra = cx.team(node), inter = cx.team(column);
+  const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype), count = rq.count;
+  const size_t nodes = column.size();
+  const int L = intra.size;
+
+  Request within = rq;  // 1: nothing is compressed within a node
+  within.options.compression = Compression::None;
+  const ReduceSpec within_spec = intra.spec(within);
+  const size_t chunk = Wire(intra, within).chunk(intra);
+  const auto* in = static_cast<const char*>(rq.input);
+  char* const partials = cx.workspace->get(Scratch::Partials, nodes * count * ws);
+  thread_local std::vector<Term> terms;  // kept: a small step allocates nothing
+  terms.resize(L);
+  for (size_t j = 0; j < nodes; ++j) {
+    const std::vector<int>& on_node = topo.nodes[j];
+    for (size_t first = 0; first < count; first += chunk) {
+      const size_t len = std::min(chunk, count - first), bytes = len * es;
+      for (int k = 1; k < L; ++k) {  // local rank local+1 first: peers are not all served in the same order
+        const int p = mod(local + k, L);
+        send_frame(intra, p, bytes, [&](void* slot) {
+          cx.ops->copy(slot, in + (on_node[p] * count + first) * es, bytes);
+        });
+      }
+      for (int q = 0; q < L; ++q)
+        terms[q] = q == local ? Term{in + (on_node[local] * count + first) * es, Form::Input}
+                              : Term{begin_recv_frame(intra, q, bytes), Form::Input};
+      cx.ops->reduce_terms(within_spec, Stage::Partial, partials + (j * count + first) * ws, terms.data(), L, len);
+      for (int q = 0; q < L; ++q)
+        if (q != local) end_recv_frame(intra, q);
+    }
+  }
+
+  Request across = rq;  // 2: partials combine with the operator alone
+  across.dtype = accumulation_type(rq.dtype);
+  const ReduceKind k = rq.reduction.kind;
+  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
+  across.input = partials;
+  char* const shard = cx.workspace->get(Scratch::Shard, count * ws);
+  across.output = shard;
+  (across.options.compression != Compression::None ? direct_reduce_scatter : ring_reduce_scatter)(inter, across);
+
+  const Term mine{shard, Form::Partial};  // 3
+  cx.ops->reduce_terms(cx.spec(rq), Stage::Final, rq.output, &mine, 1, count);
+}
+
+}  // namespace pycomm
