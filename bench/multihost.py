@@ -1,4 +1,4 @@
-"""All-reduce across a slow link between simulated hosts: hierarchical against flat ring,
+"""All-reduce (or reduce-scatter, all-gather) across a slow link between simulated hosts: hierarchical against flat ring,
 compressed against uncompressed, pycomm against gloo, pycomm's layered path over gloo.
 
     .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
@@ -39,6 +39,12 @@ transfer, so the CPU work adds to it. For every layered variant the report split
 rank's time per call into those steps (``phases_ms``: the mover's collectives, waiting
 for the slowest peer included, and pycomm's encode, fold and decode), timed by wrapping
 the layered path's two step functions (``_Call.move``, ``_Call.fold``) in the ranks.
+
+``--collective reduce_scatter`` or ``all_gather`` times that collective instead (--size
+its whole buffer: the reduce-scatter's input, the all-gather's output; busbw S/t (n-1)/n):
+a flat ring sends (n-1)/n S over each host's link, hierarchical (N-1)/N S, so the same
+bound holds for hierarchical/ring. Gloo runs torch's reduce_scatter_tensor and
+all_gather_into_tensor on its group.
 
 An algorithm pycomm does not have yet is reported as such (no traceback). Exit status:
 0 when the job ran and every result was right, 1 otherwise, 2 when namespaces cannot be
@@ -145,17 +151,34 @@ def worker(args):
     rank, n = dist.get_rank(), dist.get_world_size()
     algorithms = [a for a in args.algorithms.split(",") if a]
 
-    t = torch.empty(args.size // 4, dtype=torch.float32)
-    want = float(n * (n + 1) // 2)  # small integers: exact under every codec too
+    count = args.size // 4
+    # The collective's input and output (one tensor for the in-place all-reduce), filled
+    # with small integers: exact under every codec too.
+    shard = count // n
+    inputs = {"all_reduce": count, "reduce_scatter": shard * n, "all_gather": shard}
+    outputs = {"all_reduce": 0, "reduce_scatter": shard, "all_gather": shard * n}
+    t = torch.empty(inputs[args.collective], dtype=torch.float32)
+    out = torch.empty(outputs[args.collective], dtype=torch.float32) if outputs[args.collective] else t
+    if args.collective == "all_gather":
+        want = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(shard)
+    else:
+        want = torch.full_like(out, float(n * (n + 1) // 2))
 
-    def all_reduce(variant, x):
+    def all_reduce(variant, x, y):
+        """The collective of ``variant`` from x into y (x itself for the all-reduce)."""
         algorithm, _, codec = variant.partition("+")
-        if variant == "gloo":
-            dist.all_reduce(x, group=gloo)
+        if variant == "gloo":  # torch's API on the gloo group
+            kw, api = dict(group=gloo), dist
         elif algorithm == "layered":  # pycomm's direct algorithm, gloo moving the bytes
-            pycomm.all_reduce(x, group=gloo, compression=codec or None)
+            kw, api = dict(group=gloo, compression=codec or None), pycomm
         else:
-            pycomm.all_reduce(x, algorithm=algorithm, compression=codec or None)
+            kw, api = dict(algorithm=algorithm, compression=codec or None), pycomm
+        if args.collective == "all_reduce":
+            api.all_reduce(x, **kw)
+        elif args.collective == "reduce_scatter":
+            api.reduce_scatter_tensor(y, x, **kw)
+        else:
+            api.all_gather_into_tensor(y, x, **kw)
 
     phases = LayeredPhases()
     spent = {a: {} for a in algorithms}  # variant -> phase -> seconds over the timed calls
@@ -165,7 +188,7 @@ def worker(args):
         dist.barrier(group=gloo)
         phases.reset()
         start = time.perf_counter()
-        all_reduce(a, t)
+        all_reduce(a, t, out)
         elapsed = time.perf_counter() - start
         if record:
             for phase, seconds in phases.spent.items():
@@ -173,16 +196,22 @@ def worker(args):
         # The check allocates and compares a whole tensor: only once every rank has
         # finished, so that it never competes for the cores with a rank still timed.
         dist.barrier(group=gloo)
-        return elapsed, int((t != want).sum())
+        return elapsed, int((out != want).sum())
 
     def error(a):
         """Relative RMS error against fp64 on Gaussian data (every rank regenerates all)."""
-        xs = [torch.randn(ERROR_ELEMENTS, generator=torch.Generator().manual_seed(r), dtype=torch.float64)
+        length = ERROR_ELEMENTS // n if args.collective == "all_gather" else ERROR_ELEMENTS // n * n
+        xs = [torch.randn(length, generator=torch.Generator().manual_seed(r), dtype=torch.float64)
               for r in range(n)]
         x = xs[rank].float()
-        all_reduce(a, x)
-        ref = torch.stack(xs).sum(0)
-        return ((x.double() - ref).norm() / ref.norm()).item()
+        if args.collective == "all_reduce":
+            y, ref = x, torch.stack(xs).sum(0)
+        elif args.collective == "reduce_scatter":
+            y, ref = torch.empty(length // n), torch.stack(xs).sum(0).chunk(n)[rank]
+        else:
+            y, ref = torch.empty(length * n), torch.cat(xs)
+        all_reduce(a, x, y)
+        return ((y.double() - ref).norm() / ref.norm()).item()
 
     for a in algorithms:
         timed(a, record=False)
@@ -238,7 +267,7 @@ def link_bound(hosts, world):
 
 def summarize(args, raw, describe):
     n = raw["world"]
-    factor = 2 * (n - 1) / n
+    factor = (2 if args.collective == "all_reduce" else 1) * (n - 1) / n
     rows = {}
     for a, r in raw["results"].items():
         t = statistics.median(r["times_s"])
@@ -255,7 +284,8 @@ def summarize(args, raw, describe):
     if "ring" in rows and "hierarchical" in rows:
         ratio = rows["hierarchical"]["busbw_GBps"] / rows["ring"]["busbw_GBps"]
     layered = {a: r["x_gloo"] for a, r in rows.items() if a.startswith("layered") and "x_gloo" in r}
-    return {"hosts": args.hosts, "ranks_per_host": args.nproc, "world": n, "rate": args.rate,
+    return {"collective": args.collective, "hosts": args.hosts, "ranks_per_host": args.nproc, "world": n,
+            "rate": args.rate,
             "link_bound": link_bound(args.hosts, n),
             "size_bytes": args.size, "dtype": "float32", "op": "sum", "repeats": args.repeats,
             "topology": describe, "results": rows,
@@ -263,8 +293,9 @@ def summarize(args, raw, describe):
 
 
 def report(s):
-    lines = ["multi-host all-reduce: %d hosts x %d ranks, link %s (tbf, each host's egress), "
-             "float32 sum, %s, median of %d" % (s["hosts"], s["ranks_per_host"], s["rate"],
+    lines = ["multi-host %s: %d hosts x %d ranks, link %s (tbf, each host's egress), "
+             "float32 sum, %s, median of %d" % (s["collective"].replace("_", "-"), s["hosts"], s["ranks_per_host"],
+                                                s["rate"],
                                                 human(s["size_bytes"]), s["repeats"]),
              "%-18s %10s %12s %12s %7s %10s %8s %8s  %s" % (
                  "variant", "time_ms", "algbw_GB/s", "busbw_GB/s", "#wrong", "rel_error", "x_auto",
@@ -300,7 +331,8 @@ def drive(args):
     if not ok:
         print("multihost bench: cannot run: %s" % why, file=sys.stderr)
         return 2
-    worker_args = ["--worker", "--size", str(args.size), "--repeats", str(args.repeats),
+    worker_args = ["--worker", "--collective", args.collective, "--size", str(args.size),
+                   "--repeats", str(args.repeats),
                    "--algorithms", args.algorithms, "--pg-timeout", str(args.pg_timeout),
                    "--deadline", str(max(10, args.timeout - 15))]
     sysctls = {"net.ipv4.tcp_slow_start_after_idle": args.slow_start_after_idle}
@@ -334,6 +366,9 @@ def drive(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit", help="tc rate of each host's link (default 1gbit; none: unshaped)")
+    ap.add_argument("--collective", choices=("all_reduce", "reduce_scatter", "all_gather"), default="all_reduce",
+                    help="what every variant runs (default all_reduce); --size is its whole buffer: the "
+                         "reduce-scatter's input, the all-gather's output")
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--algorithms", default="ring,hierarchical,auto",
