@@ -14,11 +14,14 @@
 // step 1 is, as the flat all-gathers (each segment quantized once by its owner; every rank
 // decodes the same bits); step 2 moves the decoded values as they are (the links are fast,
 // and re-encoding across blocks that start elsewhere would change the bits).
+// Overlap: step 1 runs slice by slice on a helper thread while this thread runs step 2 on
+// the slices it finished (across_nodes.h); slices are whole codec blocks, so each
+// segment's blocks are the unsliced call's.
 // Transports: shared memory within nodes, TCP between them (any works).
 #include <algorithm>
 #include <vector>
 
-#include "algorithms/algorithm.h"
+#include "algorithms/across_nodes.h"
 
 namespace pycomm {
 
@@ -30,35 +33,43 @@ void hierarchical_allgather(const Context& cx, const Request& rq) {
   std::vector<int> column;  // the ranks with my local index, one per node
   for (const auto& n : topo.nodes) column.push_back(n[local]);
   const Context intra = cx.team(node), inter = cx.team(column);
-  const size_t es = element_size(rq.dtype), count = rq.count;
+  const size_t es = element_size(rq.dtype), count = rq.count, nodes = column.size();
+  const Slices slices(count, Wire(inter, rq).chunk(inter));
+  // Slice s of every column segment, one after the other: [first * nodes, (first + len) * nodes).
+  char* const gathered = cx.workspace->get(Scratch::Column, nodes * count * es);
+  const auto* in = static_cast<const char*>(rq.input);
 
-  char* const gathered = cx.workspace->get(Scratch::Column, column.size() * count * es);
-  Request across = rq;
-  across.output = gathered;
-  ring_allgather(inter, across);  // 1
+  auto across = [&](size_t s) {  // 1
+    Request part = rq;
+    part.input = in + slices.first(s) * es;
+    part.output = gathered + nodes * slices.first(s) * es;
+    part.count = slices.size(s);
+    ring_allgather(inter, part);
+  };
 
   Request within = rq;  // 2: nothing is compressed within a node
   within.options.compression = Compression::None;
-  const Wire plain(intra, within);
-  const size_t chunk = plain.chunk(intra);
+  const size_t chunk = Wire(intra, within).chunk(intra);
   auto* out = static_cast<char*>(rq.output);
   const int L = intra.size;
-  for (size_t j = 0; j < column.size(); ++j) {
-    const char* const mine = gathered + j * count * es;
-    const std::vector<int>& on_node = topo.nodes[j];
-    for (size_t first = 0; first < count; first += chunk) {
-      const size_t len = std::min(chunk, count - first), bytes = len * es;
-      for (int k = 1; k < L; ++k)
-        send_frame(intra, mod(local + k, L), bytes, [&](void* slot) { cx.ops->copy(slot, mine + first * es, bytes); });
-      cx.ops->copy(out + (on_node[local] * count + first) * es, mine + first * es, bytes);
-      for (int k = 1; k < L; ++k) {
-        const int p = mod(local - k, L);
-        recv_frame(intra, p, bytes, [&](const void* data) {
-          cx.ops->copy(out + (on_node[p] * count + first) * es, data, bytes);
-        });
+  auto within_node = [&](size_t s) {
+    const size_t begin = slices.first(s), len = slices.size(s);
+    for (size_t j = 0; j < nodes; ++j) {
+      const char* const mine = gathered + (nodes * begin + j * len) * es;
+      const std::vector<int>& on_node = topo.nodes[j];
+      for (size_t off = 0; off < len; off += chunk) {
+        const size_t bytes = std::min(chunk, len - off) * es, at = begin + off;
+        for (int k = 1; k < L; ++k)
+          send_frame(intra, mod(local + k, L), bytes, [&](void* slot) { cx.ops->copy(slot, mine + off * es, bytes); });
+        cx.ops->copy(out + (on_node[local] * count + at) * es, mine + off * es, bytes);
+        for (int k = 1; k < L; ++k) {
+          const int p = mod(local - k, L);
+          recv_frame(intra, p, bytes, [&](const void* data) { cx.ops->copy(out + (on_node[p] * count + at) * es, data, bytes); });
+        }
       }
     }
-  }
+  };
+  run_across_nodes(inter, slices.count, [](size_t) {}, across, within_node);
 }
 
 }  // namespace pycomm

@@ -14,103 +14,14 @@
 // works). Compressed: only step 2 is, on the node's partial sums (each quantized once,
 // the result once more; see algorithm.h); the intra-node steps stay exact.
 //
-// Overlap. A large buffer is cut into slices of whole chunks. A helper thread runs step 2
-// slice by slice while this thread runs step 1 on later slices and steps 3-4 on earlier
-// ones, so the intra-node phases hide behind the slow link instead of adding to it.
-// The two threads use disjoint channels (intra-node peers here, inter-node peers there),
-// so each channel still sees one thread and frames in one order. Hand-offs go through the
-// mutex: slice s's partials are written before `posted` covers s, and reduced across nodes
-// before `done` covers it. A failure on either thread aborts the group's transports, which
-// ends every wait of the other thread; the first failure is the one reported.
-#include <condition_variable>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
+// Overlap: the inter-node phase (step 2) runs slice by slice on a helper thread while this
+// thread runs step 1 on later slices and steps 3-4 on earlier ones (across_nodes.h).
 #include <vector>
 
-#include "algorithms/algorithm.h"
+#include "algorithms/across_nodes.h"
 #include "core/dispatch.h"
-#include "core/error.h"
 
 namespace pycomm {
-namespace {
-
-// Slices: at most kMaxSlices, of at least kMinSliceChunks chunks, so that a helper thread
-// is started only when there is a transfer long enough to hide something behind.
-constexpr size_t kMaxSlices = 32, kMinSliceChunks = 4;
-
-// The inter-node all-reduces of posted slices, in order, on a helper thread.
-class InterNodeLane {
- public:
-  InterNodeLane(const Context& cx, size_t slices, std::function<void(size_t)> reduce_slice)
-      : cx_(cx), slices_(slices), reduce_slice_(std::move(reduce_slice)), thread_([this] { main(); }) {}
-  ~InterNodeLane() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      posted_ = slices_;  // a lane waiting for work ends; one in a transfer ends by abort
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void post(size_t slice) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      posted_ = slice + 1;
-    }
-    cv_.notify_all();
-  }
-  // Blocks until `slice` is reduced across nodes; rethrows the lane's failure.
-  void wait_done(size_t slice) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_until(lock, cx_.deadline.at, [&] { return done_ > slice || failure_; }))
-      fail(ErrorKind::Timeout, "pycomm: timed out waiting for the inter-node phase of slice " + std::to_string(slice));
-    if (failure_) std::rethrow_exception(failure_);
-  }
-  std::exception_ptr failure() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failure_;
-  }
-
- private:
-  void main() {
-    try {
-      for (size_t s = 0; s < slices_; ++s) {
-        {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait(lock, [&] { return posted_ > s; });
-          if (stop_) return;
-        }
-        reduce_slice_(s);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          done_ = s + 1;
-        }
-        cv_.notify_all();
-      }
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        failure_ = std::current_exception();
-      }
-      cv_.notify_all();
-      cx_.abort(e.what());
-    }
-  }
-
-  const Context& cx_;
-  const size_t slices_;
-  std::function<void(size_t)> reduce_slice_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t posted_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::exception_ptr failure_;
-  std::thread thread_;  // last: starts after every other member is ready
-};
-
-}  // namespace
 
 void hierarchical_allreduce(const Context& cx, const Request& rq) {
   const Topology& topo = *cx.topology;
@@ -125,13 +36,14 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
   const SegmentChunks shards{Segments{rq.count, node.size()}, cx.chunk_bytes / es};
   const size_t shard_len = shards.seg.length(local);
   char* const partial = cx.workspace->get(Scratch::Partials, shard_len * ws);  // fp32 partials of my shard
-  // Slice s covers chunks [s * per_slice, (s + 1) * per_slice); every rank cuts alike.
-  const size_t chunks = shards.count();
-  const size_t per_slice = std::max(kMinSliceChunks, ceil_div(chunks, kMaxSlices));
-  const size_t slices = std::max<size_t>(1, ceil_div(chunks, per_slice));
+  const Slices slices(shards.seg.length(0), shards.chunk);  // segment 0 is the longest
   auto elements_of = [&](size_t s, size_t& first, size_t& len) {
-    first = std::min(shard_len, s * per_slice * shards.chunk);
-    len = std::min(shard_len, (s + 1) * per_slice * shards.chunk) - first;
+    first = std::min(shard_len, slices.first(s));
+    len = std::min(shard_len, slices.first(s) + slices.size(s)) - first;
+  };
+  auto chunks_of = [&](size_t s, size_t& begin, size_t& end) {
+    begin = slices.first(s) / shards.chunk;
+    end = ceil_div(slices.first(s) + slices.size(s), shards.chunk);
   };
 
   Request within = rq;  // within a node nothing is compressed: the links are fast
@@ -151,7 +63,9 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
   char* out = static_cast<char*>(rq.output);
   const Wire plain(intra, within);
   auto scatter = [&](size_t s) {  // 1
-    for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c)
+    size_t begin, end;
+    chunks_of(s, begin, end);
+    for (size_t c = begin; c < end; ++c)
       direct_reduce_step(intra, within, plain, shards, c, partial + c * shards.chunk * ws, Stage::Partial);
   };
   auto finish = [&](size_t s) {  // 3, 4
@@ -159,34 +73,15 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
     elements_of(s, first, len);
     const Term shard{partial + first * ws, Form::Partial};
     cx.ops->reduce_terms(cx.spec(rq), Stage::Final, out + (shards.seg.begin(local) + first) * es, &shard, 1, len);
-    for (size_t c = s * per_slice; c < std::min(chunks, (s + 1) * per_slice); ++c) {
+    size_t begin, end;
+    chunks_of(s, begin, end);
+    for (size_t c = begin; c < end; ++c) {
       size_t mine, mine_len;
       shards.piece(local, c, mine, mine_len);
       direct_gather_step(intra, plain, shards, c, out + mine * es, out);
     }
   };
-
-  if (slices == 1) {
-    scatter(0);
-    reduce_across(0);
-    finish(0);
-    return;
-  }
-  InterNodeLane lane(inter, slices, reduce_across);
-  try {
-    for (size_t s = 0; s < slices; ++s) {
-      scatter(s);
-      lane.post(s);
-    }
-    for (size_t s = 0; s < slices; ++s) {
-      lane.wait_done(s);
-      finish(s);
-    }
-  } catch (const std::exception& e) {
-    cx.abort(e.what());  // ends the lane's waits; the lane's own failure came first if any
-    if (auto first = lane.failure()) std::rethrow_exception(first);
-    throw;
-  }
+  run_across_nodes(inter, slices.count, scatter, reduce_across, finish);
 }
 
 }  // namespace pycomm

@@ -17,11 +17,13 @@
 // bytes, against (n-1)/n for a flat ring. Partial sums are grouped by the node shape, so
 // the deterministic modes, which fold each element from all contributions at once, do
 // not take it (the plan says why). Transports: shared memory within nodes, TCP between
-// them (any works).
+// them (any works). Overlap: step 2 runs slice by slice on a helper thread while this
+// thread runs step 1 on later slices and step 3 on earlier ones (across_nodes.h); slices
+// are whole codec blocks, so each segment's blocks are the unsliced call's.
 #include <algorithm>
 #include <vector>
 
-#include "algorithms/algorithm.h"
+#include "algorithms/across_nodes.h"
 #include "core/dispatch.h"
 
 namespace pycomm {
@@ -38,44 +40,56 @@ void hierarchical_reduce_scatter(const Context& cx, const Request& rq) {
   const size_t nodes = column.size();
   const int L = intra.size;
 
+  Request across = rq;  // 2: partials combine with the operator alone
+  across.dtype = accumulation_type(rq.dtype);
+  const ReduceKind k = rq.reduction.kind;
+  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
+  const Slices slices(count, Wire(inter, across).chunk(inter));
+  // Slice s of every column segment's partials, one after the other: [first * nodes,
+  // (first + len) * nodes); this rank's segment reduced across nodes in `shard`.
+  char* const partials = cx.workspace->get(Scratch::Partials, nodes * count * ws);
+  char* const shard = cx.workspace->get(Scratch::Shard, count * ws);
+
   Request within = rq;  // 1: nothing is compressed within a node
   within.options.compression = Compression::None;
   const ReduceSpec within_spec = intra.spec(within);
   const size_t chunk = Wire(intra, within).chunk(intra);
   const auto* in = static_cast<const char*>(rq.input);
-  char* const partials = cx.workspace->get(Scratch::Partials, nodes * count * ws);
-  thread_local std::vector<Term> terms;  // kept: a small step allocates nothing
-  terms.resize(L);
-  for (size_t j = 0; j < nodes; ++j) {
-    const std::vector<int>& on_node = topo.nodes[j];
-    for (size_t first = 0; first < count; first += chunk) {
-      const size_t len = std::min(chunk, count - first), bytes = len * es;
-      for (int k = 1; k < L; ++k) {  // local rank local+1 first: peers are not all served in the same order
-        const int p = mod(local + k, L);
-        send_frame(intra, p, bytes, [&](void* slot) {
-          cx.ops->copy(slot, in + (on_node[p] * count + first) * es, bytes);
-        });
+  auto within_node = [&](size_t s) {
+    thread_local std::vector<Term> terms;  // kept: a small step allocates nothing
+    terms.resize(L);
+    const size_t begin = slices.first(s), len = slices.size(s);
+    for (size_t j = 0; j < nodes; ++j) {
+      const std::vector<int>& on_node = topo.nodes[j];
+      char* const sums = partials + (nodes * begin + j * len) * ws;
+      for (size_t off = 0; off < len; off += chunk) {
+        const size_t n = std::min(chunk, len - off), bytes = n * es, at = begin + off;
+        for (int k = 1; k < L; ++k) {  // local rank local+1 first: peers are not all served in the same order
+          const int p = mod(local + k, L);
+          send_frame(intra, p, bytes, [&](void* slot) { cx.ops->copy(slot, in + (on_node[p] * count + at) * es, bytes); });
+        }
+        for (int q = 0; q < L; ++q)
+          terms[q] = q == local ? Term{in + (on_node[local] * count + at) * es, Form::Input}
+                                : Term{begin_recv_frame(intra, q, bytes), Form::Input};
+        cx.ops->reduce_terms(within_spec, Stage::Partial, sums + off * ws, terms.data(), L, n);
+        for (int q = 0; q < L; ++q)
+          if (q != local) end_recv_frame(intra, q);
       }
-      for (int q = 0; q < L; ++q)
-        terms[q] = q == local ? Term{in + (on_node[local] * count + first) * es, Form::Input}
-                              : Term{begin_recv_frame(intra, q, bytes), Form::Input};
-      cx.ops->reduce_terms(within_spec, Stage::Partial, partials + (j * count + first) * ws, terms.data(), L, len);
-      for (int q = 0; q < L; ++q)
-        if (q != local) end_recv_frame(intra, q);
     }
-  }
-
-  Request across = rq;  // 2: partials combine with the operator alone
-  across.dtype = accumulation_type(rq.dtype);
-  const ReduceKind k = rq.reduction.kind;
-  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
-  across.input = partials;
-  char* const shard = cx.workspace->get(Scratch::Shard, count * ws);
-  across.output = shard;
-  (across.options.compression != Compression::None ? direct_reduce_scatter : ring_reduce_scatter)(inter, across);
-
-  const Term mine{shard, Form::Partial};  // 3
-  cx.ops->reduce_terms(cx.spec(rq), Stage::Final, rq.output, &mine, 1, count);
+  };
+  auto across_nodes = [&](size_t s) {
+    Request part = across;
+    part.input = partials + nodes * slices.first(s) * ws;
+    part.output = shard + slices.first(s) * ws;
+    part.count = slices.size(s);
+    (part.options.compression != Compression::None ? direct_reduce_scatter : ring_reduce_scatter)(inter, part);
+  };
+  auto finish = [&](size_t s) {  // 3
+    const Term mine{shard + slices.first(s) * ws, Form::Partial};
+    cx.ops->reduce_terms(cx.spec(rq), Stage::Final, static_cast<char*>(rq.output) + slices.first(s) * es, &mine, 1,
+                         slices.size(s));
+  };
+  run_across_nodes(inter, slices.count, within_node, across_nodes, finish);
 }
 
 }  // namespace pycomm
