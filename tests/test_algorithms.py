@@ -105,14 +105,19 @@ def algorithms_world(rank, ws):
     return problems
 
 
-@pytest.mark.parametrize("world", WORLDS, ids=_world_id)
-def test_every_algorithm(world):
+def _no_problems(world_fn, ws, env):
+    """Runs ``world_fn`` (pycomm's algorithms: skipped on gloo) on ``ws`` ranks and fails
+    with the first problems any rank reports."""
     if is_gloo():
         pytest.skip("algorithms are pycomm's")
-    ws, env = world
-    results = run_world(algorithms_world, ws, env=env, pg_timeout=30, timeout=300)
+    results = run_world(world_fn, ws, env=env, pg_timeout=30, timeout=300)
     problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
     assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+
+
+@pytest.mark.parametrize("world", WORLDS, ids=_world_id)
+def test_every_algorithm(world):
+    _no_problems(algorithms_world, *world)
 
 
 # Recursive doubling (the tree family's variant for latency-bound all-reduces over TCP)
@@ -186,15 +191,10 @@ def recursive_doubling_world(rank, ws):
 
 @pytest.mark.parametrize("world", RECURSIVE_DOUBLING_WORLDS, ids=_world_id)
 def test_recursive_doubling_at_any_world_size(world, tmp_path):
-    if is_gloo():
-        pytest.skip("algorithms are pycomm's")
     ws, env = world
     costs = tmp_path / "costs"
     costs.write_text("intra 1000 1000000\ninter 1000 1000000\n")
-    results = run_world(recursive_doubling_world, ws, env=dict(env, PYCOMM_LINK_COSTS=str(costs)), pg_timeout=30,
-                        timeout=300)
-    problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
-    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+    _no_problems(recursive_doubling_world, ws, dict(env, PYCOMM_LINK_COSTS=str(costs)))
 
 
 # Hierarchical reduce-scatter and all-gather on nodes of several ranks (2 x 3, 3 x 2 with
@@ -261,12 +261,7 @@ def two_level_world(rank, ws):
 
 @pytest.mark.parametrize("world", TWO_LEVEL_WORLDS, ids=_world_id)
 def test_two_level_reduce_scatter_and_all_gather(world):
-    if is_gloo():
-        pytest.skip("algorithms are pycomm's")
-    ws, env = world
-    results = run_world(two_level_world, ws, env=env, pg_timeout=30, timeout=300)
-    problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(results) for p in ps]
-    assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
+    _no_problems(two_level_world, *world)
 
 
 def _choice_lines(calls):

@@ -1,6 +1,9 @@
 // The helper thread of the hierarchical collectives (across_nodes.h).
 #include "algorithms/across_nodes.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace pycomm {
 namespace {
 
@@ -75,6 +78,16 @@ class InterNodeLane {
 };
 
 }  // namespace
+
+TwoLevel two_level(const Context& cx) {
+  const Topology& topo = *cx.topology;
+  const int me = cx.group_rank(cx.rank);
+  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
+  const size_t local = std::find(node.begin(), node.end(), me) - node.begin();
+  std::vector<int> column;
+  for (const auto& n : topo.nodes) column.push_back(n[local]);
+  return {cx.team(node), cx.team(column)};
+}
 
 void run_across_nodes(const Context& cx, size_t slices, const std::function<void(size_t)>& before,
                       const std::function<void(size_t)>& across, const std::function<void(size_t)>& after) {

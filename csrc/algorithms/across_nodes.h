@@ -23,6 +23,14 @@
 
 namespace pycomm {
 
+// This rank on nodes with equal rank counts, as the operation's teams: `intra`, its node's
+// ranks (its rank there is its local index); `inter`, its column, the ranks with its local
+// index, one per node in node order (team rank k is node k's).
+struct TwoLevel {
+  Context intra, inter;
+};
+TwoLevel two_level(const Context& cx);
+
 // Slices of `length` elements (per segment): at most kMaxSlices, of at least
 // kMinSliceChunks chunks of `chunk` elements, so that a helper thread is started only when
 // there is a transfer long enough to hide something behind. Every rank cuts alike; slice

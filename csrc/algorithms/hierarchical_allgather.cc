@@ -27,13 +27,10 @@ namespace pycomm {
 
 void hierarchical_allgather(const Context& cx, const Request& rq) {
   const Topology& topo = *cx.topology;
-  const int me = cx.group_rank(cx.rank);
-  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
-  const int local = static_cast<int>(std::find(node.begin(), node.end(), me) - node.begin());
-  std::vector<int> column;  // the ranks with my local index, one per node
-  for (const auto& n : topo.nodes) column.push_back(n[local]);
-  const Context intra = cx.team(node), inter = cx.team(column);
-  const size_t es = element_size(rq.dtype), count = rq.count, nodes = column.size();
+  const TwoLevel teams = two_level(cx);
+  const Context &intra = teams.intra, &inter = teams.inter;
+  const int local = intra.rank, L = intra.size;
+  const size_t es = element_size(rq.dtype), count = rq.count, nodes = inter.size;
   const Slices slices(count, Wire(inter, rq).chunk(inter));
   // Slice s of every column segment, one after the other: [first * nodes, (first + len) * nodes).
   char* const gathered = cx.workspace->get(Scratch::Column, nodes * count * es);
@@ -51,7 +48,6 @@ void hierarchical_allgather(const Context& cx, const Request& rq) {
   within.options.compression = Compression::None;
   const size_t chunk = Wire(intra, within).chunk(intra);
   auto* out = static_cast<char*>(rq.output);
-  const int L = intra.size;
   auto within_node = [&](size_t s) {
     const size_t begin = slices.first(s), len = slices.size(s);
     for (size_t j = 0; j < nodes; ++j) {

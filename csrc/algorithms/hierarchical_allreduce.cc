@@ -24,16 +24,12 @@
 namespace pycomm {
 
 void hierarchical_allreduce(const Context& cx, const Request& rq) {
-  const Topology& topo = *cx.topology;
-  const int me = cx.group_rank(cx.rank);
-  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
-  const int local = static_cast<int>(std::find(node.begin(), node.end(), me) - node.begin());
-  std::vector<int> peers_at_local;  // the ranks with my local index, one per node
-  for (const auto& n : topo.nodes) peers_at_local.push_back(n[local]);
-  const Context intra = cx.team(node), inter = cx.team(peers_at_local);
+  const TwoLevel teams = two_level(cx);
+  const Context &intra = teams.intra, &inter = teams.inter;
+  const int local = intra.rank;
 
   const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype);
-  const SegmentChunks shards{Segments{rq.count, node.size()}, cx.chunk_bytes / es};
+  const SegmentChunks shards{Segments{rq.count, static_cast<size_t>(intra.size)}, cx.chunk_bytes / es};
   const size_t shard_len = shards.seg.length(local);
   char* const partial = cx.workspace->get(Scratch::Partials, shard_len * ws);  // fp32 partials of my shard
   const Slices slices(shards.seg.length(0), shards.chunk);  // segment 0 is the longest

@@ -30,15 +30,10 @@ namespace pycomm {
 
 void hierarchical_reduce_scatter(const Context& cx, const Request& rq) {
   const Topology& topo = *cx.topology;
-  const int me = cx.group_rank(cx.rank);
-  const std::vector<int>& node = topo.nodes[topo.node_of[me]];
-  const int local = static_cast<int>(std::find(node.begin(), node.end(), me) - node.begin());
-  std::vector<int> column;  // the ranks with my local index, one per node
-  for (const auto& n : topo.nodes) column.push_back(n[local]);
-  const Context intra = cx.team(node), inter = cx.team(column);
-  const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype), count = rq.count;
-  const size_t nodes = column.size();
-  const int L = intra.size;
+  const TwoLevel teams = two_level(cx);
+  const Context &intra = teams.intra, &inter = teams.inter;
+  const int local = intra.rank, L = intra.size;
+  const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype), count = rq.count, nodes = inter.size;
 
   Request across = rq;  // 2: partials combine with the operator alone
   across.dtype = accumulation_type(rq.dtype);
