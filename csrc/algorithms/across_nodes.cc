@@ -2,7 +2,15 @@
 #include "algorithms/across_nodes.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "core/dispatch.h"
+#include "core/error.h"
 
 namespace pycomm {
 namespace {
@@ -87,6 +95,14 @@ TwoLevel two_level(const Context& cx) {
   std::vector<int> column;
   for (const auto& n : topo.nodes) column.push_back(n[local]);
   return {cx.team(node), cx.team(column)};
+}
+
+Request across_partials(const Request& rq) {
+  Request across = rq;
+  across.dtype = accumulation_type(rq.dtype);
+  const ReduceKind k = rq.reduction.kind;
+  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
+  return across;
 }
 
 void run_across_nodes(const Context& cx, size_t slices, const std::function<void(size_t)>& before,

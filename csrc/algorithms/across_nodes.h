@@ -11,15 +11,9 @@
 // reported.
 #pragma once
 
-#include <condition_variable>
-#include <exception>
 #include <functional>
-#include <mutex>
-#include <string>
-#include <thread>
 
 #include "algorithms/algorithm.h"
-#include "core/error.h"
 
 namespace pycomm {
 
@@ -30,6 +24,10 @@ struct TwoLevel {
   Context intra, inter;
 };
 TwoLevel two_level(const Context& cx);
+
+// `rq` as the inter-node phase runs it on partial sums: in the accumulation type, with the
+// operator alone (AVG's division and PREMUL_SUM's factor belong to the ends).
+Request across_partials(const Request& rq);
 
 // Slices of `length` elements (per segment): at most kMaxSlices, of at least
 // kMinSliceChunks chunks of `chunk` elements, so that a helper thread is started only when

@@ -44,10 +44,7 @@ void hierarchical_allreduce(const Context& cx, const Request& rq) {
 
   Request within = rq;  // within a node nothing is compressed: the links are fast
   within.options.compression = Compression::None;
-  Request across = rq;  // partials combine with the operator alone
-  across.dtype = accumulation_type(rq.dtype);
-  const ReduceKind k = rq.reduction.kind;
-  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
+  const Request across = across_partials(rq);
   auto reduce_across = [&](size_t s) {  // 2
     size_t first, len;
     elements_of(s, first, len);

@@ -35,10 +35,7 @@ void hierarchical_reduce_scatter(const Context& cx, const Request& rq) {
   const int local = intra.rank, L = intra.size;
   const size_t es = element_size(rq.dtype), ws = accum_size(rq.dtype), count = rq.count, nodes = inter.size;
 
-  Request across = rq;  // 2: partials combine with the operator alone
-  across.dtype = accumulation_type(rq.dtype);
-  const ReduceKind k = rq.reduction.kind;
-  across.reduction = Reduction{k == ReduceKind::Avg || k == ReduceKind::PremulSum ? ReduceKind::Sum : k, 1.0};
+  const Request across = across_partials(rq);  // 2
   const Slices slices(count, Wire(inter, across).chunk(inter));
   // Slice s of every column segment's partials, one after the other: [first * nodes,
   // (first + len) * nodes); this rank's segment reduced across nodes in `shard`.
