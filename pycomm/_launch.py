@@ -70,6 +70,12 @@ class Processes:
         self._popens.append(popen)
         return popen
 
+    def add(self, process) -> None:
+        """Takes a process started elsewhere (the test harness's forked ranks) as if
+        start() had started it: it has Popen's pid, poll() and wait(timeout), and a session
+        of its own."""
+        self._popens.append(process)
+
     def pid(self, index: int) -> int:
         return self._popens[index].pid
 

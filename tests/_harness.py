@@ -1,13 +1,16 @@
 """Multi-process harness: run one function on every rank of a real torch.distributed world.
 
 Why this shape:
-* Real processes, each a fresh interpreter (fork is unsafe once torch threads exist),
-  started, waited for and killed by pycomm._launch.
-* Environment variables from ``env`` must be in place before torch.distributed or pycomm is
-  imported in the child (pycomm reads its knobs when a group is created, but be strict):
-  they are in the child's environment from its start. The child receives the function by
-  name (module + qualname) and its arguments as a pickle blob, and resolves/unpickles both
-  in its own phase, so that an error there is reported like any other.
+* Real processes, started, waited for and killed by pycomm._launch. Each is forked from
+  the session's zygote (tests/_zygote.py), a single-threaded process that imported torch
+  and pycomm once: an interpreter that imports torch itself costs 2-4 s of CPU, most of a
+  short test. PYCOMM_TEST_FRESH_INTERPRETERS=1 starts a fresh interpreter per rank instead.
+* ``env`` is the rank's whole environment from its start, as a fresh interpreter's would
+  be; what the zygote imported read its own environment, so knobs must be read when a
+  group is created or later (pycomm's and torch.distributed's are). The child receives
+  the function by name (module + qualname) and its arguments as a pickle blob, and
+  resolves/unpickles both in its own phase, so that an error there is reported like any
+  other.
 * One pipe per rank (not a shared Queue): a rank that is SIGKILLed while writing cannot
   corrupt the other ranks' channel, and its death shows up as EOF.
 * The parent enforces one deadline for the whole world; on the deadline, or as soon as a
@@ -16,6 +19,7 @@ Why this shape:
   story is raised.
 """
 
+import atexit
 import os
 import pickle
 import signal
@@ -175,6 +179,29 @@ def _read(path):
         return ""
 
 
+_zygote = None
+
+
+def _start_rank(procs, world_path, rank, report_fd, env):
+    """Forks the rank from the session's zygote (tests/_zygote.py: torch already
+    imported), or, with PYCOMM_TEST_FRESH_INTERPRETERS=1 or without a zygote, starts a
+    fresh interpreter."""
+    global _zygote
+    if os.environ.get("PYCOMM_TEST_FRESH_INTERPRETERS") != "1":
+        import _zygote as zygote_module
+
+        if _zygote is None or not _zygote.alive():
+            _zygote = zygote_module.Zygote()
+            atexit.register(_zygote.close)
+        try:
+            procs.add(_zygote.start("_harness:_child_main", (world_path, str(rank)), env, (report_fd,)))
+            return
+        except zygote_module.ZygoteGone as e:
+            sys.stderr.write("pycomm tests: %s; rank %d starts a fresh interpreter\n" % (e, rank))
+    procs.start([sys.executable, "-c", _CHILD_COMMAND, os.path.dirname(os.path.abspath(__file__)),
+                 world_path, str(rank), str(report_fd)], env=env, pass_fds=(report_fd,))
+
+
 def _child_env(env, init, port, rank, world_size):
     """The parent's environment with ``env`` applied (None removes a variable), and for
     init "env" what env:// reads."""
@@ -237,11 +264,8 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
             read_fd, write_fd = os.pipe()
             conns.append(Connection(read_fd, writable=False))
             try:
-                procs.start([sys.executable, "-c", _CHILD_COMMAND,
-                             os.path.dirname(os.path.abspath(__file__)), world_path,
-                             str(rank), str(write_fd)],
-                            env=_child_env(env, init, port, rank, world_size),
-                            pass_fds=(write_fd,))
+                _start_rank(procs, world_path, rank, write_fd,
+                            _child_env(env, init, port, rank, world_size))
             finally:
                 os.close(write_fd)  # so that EOF on read_fd means the child is gone
 
