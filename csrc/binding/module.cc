@@ -206,8 +206,8 @@ PYBIND11_MODULE(_C, m) {
       in.options.compression_block = defaults.compression_block;
       in.options.determinism = parse<Determinism>(determinism);
       in.topology = &topology;
-      in.chunk_bytes = chunk_bytes ? chunk_bytes
-                                   : defaults.frame_bytes(defaults.transport == TransportChoice::Tcp || world > ranks_per_node);
+      in.network = defaults.transport == TransportChoice::Tcp || world > ranks_per_node;
+      in.chunk_bytes = chunk_bytes ? chunk_bytes : defaults.frame_bytes(in.network);
       in.costs.intra = {intra.first, intra.second};
       in.costs.inter = {inter.first, inter.second};
       const Plan plan = make_plan(in);
