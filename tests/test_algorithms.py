@@ -2,8 +2,8 @@
 memory, TCP and mixed topologies (PYCOMM_RANKS_PER_NODE), through the per-call API.
 
 One world launch per (world size, environment) runs every algorithm; an algorithm that
-cannot serve a topology (hierarchical on one node or on uneven nodes, tree for
-reduce-scatter) must fall back and still give the exact result. Some worlds use 4 KiB
+cannot serve a call (hierarchical on one node or on uneven nodes, twoshot for
+reduce-scatter and all-gather) must fall back and still give the exact result. Some worlds use 4 KiB
 chunks and the minimum pipeline depth, so that the pipelined paths and their deadlock
 freedom are exercised with small tensors.
 """
@@ -262,6 +262,89 @@ def two_level_world(rank, ws):
 @pytest.mark.parametrize("world", TWO_LEVEL_WORLDS, ids=_world_id)
 def test_two_level_reduce_scatter_and_all_gather(world):
     _no_problems(two_level_world, *world)
+
+
+# The tree family's reduce-scatter (recursive halving) and all-gather (Bruck) at the world
+# sizes test_every_algorithm does not reach, powers of two and not (a pair's first rank
+# hands its input over and takes its segment back), with 4 KiB frames (several per step),
+# on shared memory, TCP and 2-3 nodes of one host: exact results for integer-valued
+# inputs, the variant named by Work.algorithm; random floats within n-1 float32 roundings
+# of the float64 sum; in deterministic modes and under every codec, where contributions
+# travel unsummed and each segment's owner folds them all, the same bits as the direct
+# reduce-scatter; under a codec the all-gather's bits equal the ring's.
+LOG_STEP_WORLDS = [(5, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp")),
+                   (6, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="3")),
+                   (7, dict(SMALL_CHUNKS)),
+                   (8, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="4")),
+                   (9, {"PYCOMM_RANKS_PER_NODE": "3"})]
+
+
+def log_step_world(rank, ws):
+    import pycomm
+
+    problems = []
+
+    def ran(work, variant):
+        work.wait()
+        return [] if work.algorithm == variant else ["ran as %s, not %s" % (work.algorithm, variant)]
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for op in ("SUM", "MAX", "AVG") if dtype != torch.int64 else ("SUM", "MIN"):
+            for n in (0, 1, 7, 1001, 3000):  # 3000 float32: several frames per step
+                label = "log-step %s %s n=%d" % (dtype, op, n)
+
+                def body():
+                    g = torch.Generator().manual_seed(seed_of(label))
+                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
+                    out = torch.zeros(n, dtype=dtype)
+                    found = ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm="tree",
+                                                             async_op=True), "recursive-halving")
+                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                    found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
+                    gathered = torch.zeros(ws * n, dtype=dtype)
+                    found += ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm="tree",
+                                                               async_op=True), "bruck")
+                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
+                _case(problems, label, body)
+    m = 3001
+    label = "log-step random floats"
+
+    def body():
+        inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
+        out = torch.zeros(m)
+        pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="tree")
+        terms = torch.stack([x.double() for x in inputs])[:, rank * m:(rank + 1) * m]
+        # Each of the n-1 float32 additions rounds once: |error| <= (n-1) u sum |x|.
+        bound = (ws - 1) * 2.0 ** -24 * terms.abs().sum(0)
+        excess = ((out.double() - terms.sum(0)).abs() - bound).max().item()
+        return ["error exceeds (n-1) u sum|x| by %.2e" % excess] if excess > 0 else []
+    _case(problems, label, body)
+    settings = [(None, d) for d in (True, "exact")] + [(c, d) for c in CODEC_ERROR for d in (False, True)]
+    for codec, deterministic in settings:
+        label = "log-step %s deterministic=%s" % (codec, deterministic)
+
+        def body():
+            inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
+            outs = {}
+            for algo in ("tree", "oneshot"):
+                outs[algo] = torch.zeros(m)
+                pycomm.reduce_scatter_tensor(outs[algo], inputs[rank], algorithm=algo, compression=codec,
+                                             deterministic=deterministic)
+            found = [] if torch.equal(outs["tree"], outs["oneshot"]) else ["reduce-scatter: bits differ from direct"]
+            if codec:
+                gathered = {a: torch.zeros(ws * m) for a in ("tree", "ring")}
+                for algo, t in gathered.items():
+                    pycomm.all_gather_into_tensor(t, inputs[rank][:m], algorithm=algo, compression=codec)
+                if not torch.equal(gathered["tree"], gathered["ring"]):
+                    found.append("all-gather: bits differ from the ring's")
+            return found
+        _case(problems, label, body)
+    return problems
+
+
+@pytest.mark.parametrize("world", LOG_STEP_WORLDS, ids=_world_id)
+def test_log_step_reduce_scatter_and_all_gather(world):
+    _no_problems(log_step_world, *world)
 
 
 def _choice_lines(calls):

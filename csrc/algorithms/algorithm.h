@@ -89,6 +89,24 @@ struct Segments {
 };
 
 
+// A team as a butterfly of p virtual ranks, p the largest power of two <= n: the first
+// 2(n-p) ranks pair up (2i and 2i+1 are virtual rank i), every other rank is one. A
+// virtual rank's ranks are consecutive and in order, so a range of virtual ranks is a range
+// of ranks, and of their segments. The last rank of a virtual rank takes part in the
+// butterfly for it; the first of a pair hands its data to it before and takes its result
+// after (the two steps more that serve any n).
+struct Butterfly {
+  int n, p;
+  explicit Butterfly(int size) : n(size), p(1) {
+    while (2 * p <= n) p *= 2;
+  }
+  int index(int rank) const { return rank < 2 * (n - p) ? rank / 2 : rank - (n - p); }
+  int first_rank(int v) const { return v < n - p ? 2 * v : v + (n - p); }  // first_rank(p) == n
+  int last_rank(int v) const { return first_rank(v + 1) - 1; }
+  bool hands_over(int rank) const { return rank < 2 * (n - p) && rank % 2 == 0; }
+  bool takes_pair(int rank) const { return rank < 2 * (n - p) && rank % 2 == 1; }
+};
+
 // Frame helpers: one frame of `bytes` to/from a peer; `fill`/`use` work on the slot.
 template <class Fill>
 void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
@@ -125,6 +143,21 @@ void recv_frame(const Context& cx, int peer, size_t bytes, Use use) {
 // A whole buffer as a sequence of chunk_bytes frames (p2p, gather, scatter, alltoall).
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes);
 void recv_bytes(const Context& cx, int peer, void* data, size_t bytes);
+
+// Bytes held in several contiguous runs, read or written as one stream.
+struct ByteRuns {
+  struct Run {
+    char* data;
+    size_t bytes;
+  };
+  std::vector<Run> runs;
+  size_t total() const;
+};
+// Sends `out` to `to` while `in` arrives from `from`, frames of chunk_bytes interleaved (a
+// send, then a receive), so that ranks that send to each other, or around a cycle, are
+// never both waiting for a free slot. Both ends cut a stream the same way: the frames of
+// one rank's `out` are those its peer expects in `in`.
+void exchange_bytes(const Context& cx, int to, const ByteRuns& out, int from, const ByteRuns& in);
 
 // A buffer of `size` segments cut into chunks for pipelining: chunk c covers elements
 // [c*chunk, (c+1)*chunk) of every segment, so a chunk's frames are the same on every rank.
@@ -211,9 +244,11 @@ void oneshot_allreduce(const Context& cx, const Request& rq);
 void twoshot_allreduce(const Context& cx, const Request& rq);
 void ring_reduce_scatter(const Context& cx, const Request& rq);
 void direct_reduce_scatter(const Context& cx, const Request& rq);
+void recursive_halving_reduce_scatter(const Context& cx, const Request& rq);
 void hierarchical_reduce_scatter(const Context& cx, const Request& rq);
 void ring_allgather(const Context& cx, const Request& rq);
 void direct_allgather(const Context& cx, const Request& rq);
+void bruck_allgather(const Context& cx, const Request& rq);
 void hierarchical_allgather(const Context& cx, const Request& rq);
 void chain_broadcast(const Context& cx, const Request& rq);
 void chain_reduce(const Context& cx, const Request& rq);

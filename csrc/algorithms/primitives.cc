@@ -26,4 +26,63 @@ void recv_bytes(const Context& cx, int peer, void* data, size_t bytes) {
   }
 }
 
+size_t ByteRuns::total() const {
+  size_t t = 0;
+  for (const Run& r : runs) t += r.bytes;
+  return t;
+}
+
+namespace {
+
+// Walks a ByteRuns stream: `take(len, f)` calls f(run pointer, bytes) for the next `len`
+// bytes of the stream, run by run.
+class RunCursor {
+ public:
+  explicit RunCursor(const ByteRuns& b) : b_(b) {}
+  template <class F>
+  void take(size_t len, F f) {
+    while (len) {
+      const ByteRuns::Run& run = b_.runs[run_];
+      const size_t n = std::min(len, run.bytes - offset_);
+      f(run.data + offset_, n);
+      len -= n;
+      offset_ += n;
+      if (offset_ == run.bytes) ++run_, offset_ = 0;
+    }
+  }
+
+ private:
+  const ByteRuns& b_;
+  size_t run_ = 0, offset_ = 0;
+};
+
+}  // namespace
+
+void exchange_bytes(const Context& cx, int to, const ByteRuns& out, int from, const ByteRuns& in) {
+  const size_t out_bytes = out.total(), in_bytes = in.total();
+  RunCursor sending(out), receiving(in);
+  for (size_t off = 0; off < std::max(out_bytes, in_bytes); off += cx.chunk_bytes) {
+    if (off < out_bytes) {
+      const size_t len = std::min(cx.chunk_bytes, out_bytes - off);
+      send_frame(cx, to, len, [&](void* slot) {
+        char* p = static_cast<char*>(slot);
+        sending.take(len, [&](const char* data, size_t n) {
+          cx.ops->copy(p, data, n);
+          p += n;
+        });
+      });
+    }
+    if (off < in_bytes) {
+      const size_t len = std::min(cx.chunk_bytes, in_bytes - off);
+      recv_frame(cx, from, len, [&](const void* slot) {
+        const char* p = static_cast<const char*>(slot);
+        receiving.take(len, [&](char* data, size_t n) {
+          cx.ops->copy(data, p, n);
+          p += n;
+        });
+      });
+    }
+  }
+}
+
 }  // namespace pycomm

@@ -30,14 +30,11 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
   // Elements per frame: a partial in the accumulation format is the largest thing sent.
   const size_t chunk = std::max(unit, cx.chunk_bytes / ws / unit * unit);
   const int n = cx.size, r = cx.rank;
-  int p = 1;
-  while (2 * p <= n) p *= 2;
-  const int paired = 2 * (n - p);  // ranks below this pair up before the butterfly
-  const int index = r < paired ? r / 2 : r - (n - p);
-  const auto rank_of = [&](int i) { return i < n - p ? 2 * i + 1 : i + (n - p); };
+  const Butterfly fly(n);
+  const int p = fly.p, index = fly.index(r);
   // What a rank sends at butterfly step d: its contribution at the first step unless it
   // folded a pair's first, else its partial.
-  const auto sends_contribution = [&](int rank, int d) { return d == 1 && rank >= paired; };
+  const auto sends_contribution = [&](int rank, int d) { return d == 1 && !fly.takes_pair(rank); };
   const auto frame_bytes = [&](int rank, int d, size_t len) {
     return sends_contribution(rank, d) ? wire.bytes(len) : len * ws;
   };
@@ -52,20 +49,20 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
       cx.ops->reduce_terms(spec, Stage::Final, result, &own, 1, len);
       continue;
     }
-    if (r < paired && r % 2 == 0) {  // hands its contribution over, takes the result back
+    if (fly.hands_over(r)) {  // hands its contribution over, takes the result back
       send_frame(cx, r + 1, wire.bytes(len), [&](void* slot) { wire.put(cx, slot, own.data, len); });
       recv_frame(cx, r + 1, len * es, [&](const void* final) { cx.ops->copy(result, final, len * es); });
       continue;
     }
     Term mine = own;
-    if (r < paired) {  // folds its pair's contribution first, in rank order
+    if (fly.takes_pair(r)) {  // folds its pair's contribution first, in rank order
       const Term terms[2] = {wire.term(begin_recv_frame(cx, r - 1, wire.bytes(len))), own};
       cx.ops->reduce_terms(spec, Stage::Partial, partial, terms, 2, len);
       end_recv_frame(cx, r - 1);
       mine = {partial, Form::Partial};
     }
     for (int d = 1; d < p; d *= 2) {
-      const int partner = rank_of(index ^ d);
+      const int partner = fly.last_rank(index ^ d);
       send_frame(cx, partner, frame_bytes(r, d, len), [&](void* slot) {
         if (mine.form == Form::Input) wire.put(cx, slot, mine.data, len);
         else cx.ops->copy(slot, mine.data, len * ws);
@@ -80,7 +77,7 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
       end_recv_frame(cx, partner);
       mine = {partial, Form::Partial};
     }
-    if (r < paired) send_frame(cx, r - 1, len * es, [&](void* slot) { cx.ops->copy(slot, result, len * es); });
+    if (fly.takes_pair(r)) send_frame(cx, r - 1, len * es, [&](void* slot) { cx.ops->copy(slot, result, len * es); });
   }
 }
 

@@ -66,6 +66,7 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::Tree, "tree"}, {Variant::Hierarchical, "hierarchical"}, {Variant::Direct, "direct"},
       {Variant::Chain, "chain"}, {Variant::Pairwise, "pairwise"}, {Variant::P2P, "p2p"},
       {Variant::Dissemination, "dissemination"}, {Variant::RecursiveDoubling, "recursive-doubling"},
+      {Variant::RecursiveHalving, "recursive-halving"}, {Variant::Bruck, "bruck"},
       {Variant::Layered, "layered-direct"}}};
   return t;
 }

@@ -101,10 +101,11 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 // all-reduce asked for as "ring" in a deterministic mode or with a codec is a direct
 // reduce-scatter and a ring all-gather, "direct+ring"; the reduce-scatter asked for as
 // "oneshot", or as "ring" in those modes, is "direct"; the tree family's all-reduce is
-// "recursive-doubling" where latency-bound, "tree" (double binary) where it pipelines.
+// "recursive-doubling" where latency-bound, "tree" (double binary) where it pipelines;
+// its reduce-scatter is "recursive-halving", its all-gather "bruck".
 enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
-  Dissemination, RecursiveDoubling,
+  Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
   Layered,  // pycomm's reductions over a group of another backend (pycomm/layered.py)
 };
 

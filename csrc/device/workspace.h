@@ -19,12 +19,15 @@ namespace pycomm {
 
 enum class Scratch {
   Partials,  // hierarchical: fp32 partial sums (all-reduce: of this rank's shard; reduce-scatter: of its
-             // column's segments); recursive doubling: its partial
+             // column's segments); recursive doubling and halving: its partial
   Own,       // compressed: this rank's encoded piece
   Sent,      // compressed one-shot: this rank's contribution, encoded once for every peer
-  Results,   // compressed tree: each half's encoded result piece
+  Results,   // compressed tree: each half's encoded result piece; recursive halving: the result of
+             // the segment of a pair's first rank
   Column,    // hierarchical all-gather: the segments of this rank's column (its local index on every node)
   Shard,     // hierarchical reduce-scatter: this rank's segment reduced across nodes, not yet rounded
+  Held,      // recursive halving (ordered or coded): the contributions it holds, next holds and receives;
+             // Bruck all-gather (coded): every segment, encoded
   kCount
 };
 

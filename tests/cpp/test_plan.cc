@@ -27,6 +27,7 @@ static PlanInput input(const Topology& t, size_t bytes, Collective c = Collectiv
   in.bytes = bytes;
   in.topology = &t;
   in.options.algorithm = requested;
+  in.network = t.node_count() > 1;  // nodes talk over TCP
   in.costs.intra = {2.0, 8000.0};
   in.costs.inter = {30.0, 125.0};
   return in;
@@ -64,9 +65,9 @@ static void test_fallback_says_why() {
   CHECK(u.algorithm != Algorithm::Hierarchical && u.fallback.find("same number") != std::string::npos,
         "uneven nodes: %s", u.fallback.c_str());
 
-  const Plan t = make_plan(input(one, 1 << 20, Collective::AllGather, Algorithm::Tree));
-  CHECK(t.algorithm != Algorithm::Tree && t.fallback.find("allreduce only") != std::string::npos,
-        "tree all-gather: %s", t.fallback.c_str());
+  const Plan t = make_plan(input(one, 1 << 20, Collective::AllGather, Algorithm::TwoShot));
+  CHECK(t.algorithm != Algorithm::TwoShot && t.fallback.find("allreduce only") != std::string::npos,
+        "twoshot all-gather: %s", t.fallback.c_str());
 }
 
 static void test_auto_choices() {
@@ -262,7 +263,47 @@ static void test_two_level_reduce_scatter_and_all_gather() {
   }
 }
 
+static void test_log_step_reduce_scatter_and_all_gather() {
+  // The tree family serves both, in every mode: its reduce-scatter forwards contributions
+  // where partial sums would change bits.
+  const Topology one = uniform(1, 4);
+  for (Collective c : {Collective::ReduceScatter, Collective::AllGather})
+    for (Determinism d : {Determinism::Default, Determinism::Ordered, Determinism::Exact})
+      for (Compression codec : {Compression::None, Compression::Fp8E4M3}) {
+        PlanInput in = input(one, 4096, c, Algorithm::Tree);
+        in.options.determinism = d;
+        in.options.compression = codec;
+        in.options.compression_block = 256;
+        const Plan p = make_plan(in);
+        const char* expected = c == Collective::ReduceScatter ? "recursive-halving" : "bruck";
+        CHECK(std::string(name_of(p.variant)) == expected && p.fallback.empty(), "tree %s, %s, %s: %s (%s)",
+              name_of(c), name_of(d), name_of(codec), name_of(p.variant), p.fallback.c_str());
+      }
+  // Across hosts, one rank each: log2 n latencies against the ring's n-1 while they
+  // dominate, the ring once bytes do (its partial sums travel once; halving's plain
+  // partials too, but forwarded contributions would cost log2 n halves of the buffer).
+  const Topology hosts = uniform(64, 1);
+  for (Collective c : {Collective::ReduceScatter, Collective::AllGather}) {
+    // Over shared memory the direct pass, whose frames arrive at once, stays.
+    CHECK(std::string(label(input(one, 4096, c))) == "direct", "%s of 4 KiB on one node: %s", name_of(c),
+          label(input(one, 4096, c)));
+    PlanInput tcp = input(one, 4096, c);
+    tcp.network = true;
+    CHECK(std::string(chosen(tcp)) == "tree", "%s of 4 KiB on one node over TCP: %s", name_of(c), chosen(tcp));
+    CHECK(std::string(chosen(input(hosts, 4096, c))) == "tree", "%s of 4 KiB on 64 hosts: %s", name_of(c),
+          chosen(input(hosts, 4096, c)));
+    const double ratio = predicted_us(Algorithm::Ring, input(hosts, 4096, c)) /
+                         predicted_us(Algorithm::Tree, input(hosts, 4096, c));
+    CHECK(ratio > 5, "%s of 4 KiB on 64 hosts: ring / tree predicted %.1f", name_of(c), ratio);
+    PlanInput ordered = input(hosts, 64 << 20, c);
+    ordered.options.determinism = Determinism::Ordered;
+    CHECK(std::string(chosen(ordered)) != "tree", "ordered %s of 64 MiB on 64 hosts: %s", name_of(c),
+          chosen(ordered));
+  }
+}
+
 int main() {
+  test_log_step_reduce_scatter_and_all_gather();
   test_two_level_reduce_scatter_and_all_gather();
   test_labels_say_what_runs();
   test_compression_is_priced();
