@@ -197,6 +197,37 @@ def test_recursive_doubling_at_any_world_size(world, tmp_path):
     _no_problems(recursive_doubling_world, ws, dict(env, PYCOMM_LINK_COSTS=str(costs)))
 
 
+def _ran(work, variant):
+    work.wait()
+    return [] if work.algorithm == variant else ["ran as %s, not %s" % (work.algorithm, variant)]
+
+
+def _exact_shard_cases(problems, rank, ws, algorithm, variants, counts):
+    """Reduce-scatter and all-gather with ``algorithm`` of small integers (exact in every
+    dtype, against int64/float64), for ``counts`` elements per rank; Work.algorithm must
+    name ``variants`` (the reduce-scatter's, the all-gather's)."""
+    import pycomm
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for op in ("SUM", "MAX", "AVG") if dtype != torch.int64 else ("SUM", "MIN"):
+            for n in counts:
+                label = "%s %s %s n=%d" % (algorithm, dtype, op, n)
+
+                def body():
+                    g = torch.Generator().manual_seed(seed_of(label))
+                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
+                    out = torch.zeros(n, dtype=dtype)
+                    found = _ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm=algorithm,
+                                                              async_op=True), variants[0])
+                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                    found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
+                    gathered = torch.zeros(ws * n, dtype=dtype)
+                    found += _ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm=algorithm,
+                                                                async_op=True), variants[1])
+                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
+                _case(problems, label, body)
+
+
 # Hierarchical reduce-scatter and all-gather on nodes of several ranks (2 x 3, 3 x 2 with
 # TCP between, 3 x 3), uneven lengths, and 4 KiB frames where 20000 elements run in several
 # slices (the inter-node phase on its helper thread): exact results, the variant that
@@ -213,29 +244,8 @@ def two_level_world(rank, ws):
     import pycomm
 
     problems = []
-
-    def ran(work):
-        work.wait()
-        return [] if work.algorithm == "hierarchical" else ["ran as %s" % work.algorithm]
-
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        for op in ("SUM", "MAX", "AVG") if dtype != torch.int64 else ("SUM", "MIN"):
-            for n in (0, 1, 7, 1001, 20000):  # 20000: several slices at 4 KiB frames
-                label = "two-level %s %s n=%d" % (dtype, op, n)
-
-                def body():
-                    g = torch.Generator().manual_seed(seed_of(label))
-                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
-                    out = torch.zeros(n, dtype=dtype)
-                    found = ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm="hierarchical",
-                                                             async_op=True))
-                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
-                    found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
-                    gathered = torch.zeros(ws * n, dtype=dtype)
-                    found += ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm="hierarchical",
-                                                               async_op=True))
-                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
-                _case(problems, label, body)
+    _exact_shard_cases(problems, rank, ws, "hierarchical", ("hierarchical", "hierarchical"),
+                       (0, 1, 7, 1001, 20000))  # 20000: several slices at 4 KiB frames
     m = 20000  # several slices under every codec at 4 KiB frames
     for codec, bound in CODEC_ERROR.items():
         label = "two-level %s" % codec
@@ -245,13 +255,13 @@ def two_level_world(rank, ws):
             mine = inputs[rank][:m]
             ring, two_level = torch.zeros(ws * m), torch.zeros(ws * m)
             pycomm.all_gather_into_tensor(ring, mine, algorithm="ring", compression=codec)
-            found = ran(pycomm.all_gather_into_tensor(two_level, mine, algorithm="hierarchical", compression=codec,
-                                                      async_op=True))
+            found = _ran(pycomm.all_gather_into_tensor(two_level, mine, algorithm="hierarchical", compression=codec,
+                                                       async_op=True), "hierarchical")
             if not torch.equal(ring, two_level):
                 found.append("all-gather: bits differ from the ring's")
             out = torch.zeros(m)
-            found += ran(pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="hierarchical", compression=codec,
-                                                      async_op=True))
+            found += _ran(pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="hierarchical", compression=codec,
+                                                       async_op=True), "hierarchical")
             exact = torch.stack([x.double() for x in inputs]).sum(0)[rank * m:(rank + 1) * m]
             error = ((out.double() - exact).norm() / exact.norm()).item()
             return found + (["reduce-scatter: error %.2e over %.0e" % (error, bound)] if error > bound else [])
@@ -283,29 +293,8 @@ def log_step_world(rank, ws):
     import pycomm
 
     problems = []
-
-    def ran(work, variant):
-        work.wait()
-        return [] if work.algorithm == variant else ["ran as %s, not %s" % (work.algorithm, variant)]
-
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        for op in ("SUM", "MAX", "AVG") if dtype != torch.int64 else ("SUM", "MIN"):
-            for n in (0, 1, 7, 1001, 3000):  # 3000 float32: several frames per step
-                label = "log-step %s %s n=%d" % (dtype, op, n)
-
-                def body():
-                    g = torch.Generator().manual_seed(seed_of(label))
-                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
-                    out = torch.zeros(n, dtype=dtype)
-                    found = ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm="tree",
-                                                             async_op=True), "recursive-halving")
-                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
-                    found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
-                    gathered = torch.zeros(ws * n, dtype=dtype)
-                    found += ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm="tree",
-                                                               async_op=True), "bruck")
-                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
-                _case(problems, label, body)
+    _exact_shard_cases(problems, rank, ws, "tree", ("recursive-halving", "bruck"),
+                       (0, 1, 7, 1001, 3000))  # 3000 float32: several frames per step
     m = 3001
     label = "log-step random floats"
 
