@@ -46,6 +46,16 @@ a flat ring sends (n-1)/n S over each host's link, hierarchical (N-1)/N S, so th
 bound holds for hierarchical/ring. Gloo runs torch's reduce_scatter_tensor and
 all_gather_into_tensor on its group.
 
+``--collective fsdp2`` times FSDP2 training steps instead: every variant (a pycomm
+algorithm forced for the whole group through PYCOMM_ALGO at the group's creation, or
+"gloo") trains its own copy of bench/_training.py's MLP (10.5 M float32 parameters, one
+fully_shard per Linear and one for the model, SGD) on the same batches of --batch samples,
+the variants' steps interleaved; each step all-gathers the parameters (forward and
+backward) and reduce-scatters the gradients. Reported: the median step time, every
+variant's over auto's, and the ring's over each (the step-time ratio); a step is wrong
+when its loss differs from the first variant's by more than 1e-4 relative (the variants
+add the same gradients in other orders).
+
 An algorithm pycomm does not have yet is reported as such (no traceback). Exit status:
 0 when the job ran and every result was right, 1 otherwise, 2 when namespaces cannot be
 built here (with the reason).
@@ -150,6 +160,8 @@ def worker(args):
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()
     algorithms = [a for a in args.algorithms.split(",") if a]
+    if args.collective == "fsdp2":
+        return fsdp2_steps(args, gloo, rank, n, algorithms)
 
     count = args.size // 4
     # The collective's input and output (one tensor for the in-place all-reduce), filled
@@ -244,6 +256,71 @@ def worker(args):
     return 0
 
 
+def fsdp2_steps(args, gloo, rank, n, algorithms):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, HERE)
+    import _training
+
+    torch.set_num_threads(1)
+    trained = {}
+    for a in algorithms:
+        if a == "gloo":
+            group = gloo
+        else:  # read when the group is created; the same on every rank
+            os.environ["PYCOMM_ALGO"] = a
+            group = dist.new_group(backend="pycomm")
+            del os.environ["PYCOMM_ALGO"]
+        model = _training.model(torch)
+        mesh = DeviceMesh.from_group(group, "cpu")
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        trained[a] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    data = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(args.batch, _training.WIDTHS[0], generator=data),
+                torch.randn(args.batch, _training.WIDTHS[-1], generator=data)) for _ in range(args.repeats + 1)]
+    losses = {a: [] for a in algorithms}
+
+    def step(a, i):
+        model, optimizer = trained[a]
+        x, y = batches[i]
+        dist.barrier(group=gloo)
+        start = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        elapsed = time.perf_counter() - start
+        losses[a].append(loss.item())
+        return elapsed
+
+    for a in algorithms:
+        step(a, 0)
+    times = torch.zeros(len(algorithms), args.repeats, dtype=torch.float64)
+    for r in range(args.repeats):
+        for k in range(len(algorithms)):
+            i = (r + k) % len(algorithms)
+            times[i, r] = step(algorithms[i], r + 1)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
+    first = torch.tensor(losses[algorithms[0]])
+    if rank == 0:
+        out = {"world": n, "results": {}}
+        for i, a in enumerate(algorithms):
+            mine = torch.tensor(losses[a])
+            wrong = int(((mine - first).abs() > 1e-4 * first.abs()).sum())
+            out["results"][a] = {"times_s": times[i].tolist(), "wrong": wrong,
+                                 "rel_rms_error": ((mine - first).norm() / first.norm()).item()}
+        print(RESULT_TAG + json.dumps(out), flush=True)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    return 0
+
+
 # ---------------------------------------------------------------------------------------
 # driver side
 # ---------------------------------------------------------------------------------------
@@ -263,6 +340,31 @@ def link_bound(hosts, world):
     if hosts < 2:
         return None
     return (2 * (world - 1) / world) / (2 * (hosts - 1) / hosts)
+
+
+def summarize_steps(args, raw, describe):
+    rows = {a: {"median_s": statistics.median(r["times_s"]), "times_s": r["times_s"], "wrong": r["wrong"],
+                "loss_rel_diff": r["rel_rms_error"]} for a, r in raw["results"].items()}
+    for a, r in rows.items():
+        if "auto" in rows:
+            r["x_auto"] = r["median_s"] / rows["auto"]["median_s"]
+        if "ring" in rows:
+            r["ring_over_this"] = rows["ring"]["median_s"] / r["median_s"]
+    return {"collective": "fsdp2", "hosts": args.hosts, "ranks_per_host": args.nproc, "world": raw["world"],
+            "rate": args.rate, "batch": args.batch, "repeats": args.repeats, "topology": describe, "results": rows}
+
+
+def report_steps(s):
+    lines = ["multi-host FSDP2 training steps: %d hosts x %d ranks, link %s (tbf, each host's egress), "
+             "batch %d per rank, median of %d" % (s["hosts"], s["ranks_per_host"], s["rate"], s["batch"], s["repeats"]),
+             "%-14s %10s %8s %15s %7s %14s  %s" % ("variant", "step_ms", "x_auto", "ring/this time", "#wrong",
+                                                  "loss_rel_diff", "all steps_ms")]
+    for a, r in s["results"].items():
+        lines.append("%-14s %10.1f %8s %15s %7d %14.2e  %s" % (
+            a, r["median_s"] * 1e3, "%.2f" % r["x_auto"] if "x_auto" in r else "-",
+            "%.2fx" % r["ring_over_this"] if "ring_over_this" in r else "-", r["wrong"], r["loss_rel_diff"],
+            " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
+    return "\n".join(lines)
 
 
 def summarize(args, raw, describe):
@@ -331,7 +433,7 @@ def drive(args):
     if not ok:
         print("multihost bench: cannot run: %s" % why, file=sys.stderr)
         return 2
-    worker_args = ["--worker", "--collective", args.collective, "--size", str(args.size),
+    worker_args = ["--worker", "--collective", args.collective, "--size", str(args.size), "--batch", str(args.batch),
                    "--repeats", str(args.repeats),
                    "--algorithms", args.algorithms, "--pg-timeout", str(args.pg_timeout),
                    "--deadline", str(max(10, args.timeout - 15))]
@@ -353,9 +455,10 @@ def drive(args):
         for r in results:
             print(r.describe(), file=sys.stderr)
         return 1
-    summary = summarize(args, json.loads(found[0]), describe)
+    steps = args.collective == "fsdp2"
+    summary = (summarize_steps if steps else summarize)(args, json.loads(found[0]), describe)
     summary["job_s"] = elapsed
-    print(report(summary))
+    print((report_steps if steps else report)(summary))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
@@ -366,9 +469,11 @@ def drive(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit", help="tc rate of each host's link (default 1gbit; none: unshaped)")
-    ap.add_argument("--collective", choices=("all_reduce", "reduce_scatter", "all_gather"), default="all_reduce",
+    ap.add_argument("--collective", choices=("all_reduce", "reduce_scatter", "all_gather", "fsdp2"),
+                    default="all_reduce",
                     help="what every variant runs (default all_reduce); --size is its whole buffer: the "
-                         "reduce-scatter's input, the all-gather's output")
+                         "reduce-scatter's input, the all-gather's output; fsdp2: training steps")
+    ap.add_argument("--batch", type=int, default=64, help="fsdp2: samples per rank and step (default 64)")
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--algorithms", default="ring,hierarchical,auto",

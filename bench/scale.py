@@ -16,13 +16,16 @@ rendezvous) and reports, per rank, as the slowest rank or the mean over ranks:
 * per algorithm (auto, ring, tree, oneshot, twoshot, and hierarchical where there are
   nodes): the exact result of a SUM of small integers (checked on every rank), the
   latency of --latency-size (blocking calls, slowest rank's loop time / --iters) and the
-  busbw of --bandwidth-size (nccl-tests: S/t * 2(n-1)/n).
+  busbw of --bandwidth-size (nccl-tests: S/t * 2(n-1)/n);
+* reduce-scatter and all-gather of --latency-size in all (auto, ring, tree, oneshot): the
+  variant that ran, the exact result and the blocking latency, with the model's prediction.
 
 Then the model: pycomm's own plan (csrc/runtime/plan.cc, through pycomm._C.plan) with the
 link costs each world calibrated at creation (PYCOMM_LINK_COSTS makes rank 0 write them),
 for the measured worlds (predicted against measured, per algorithm and size) and for
 64 ... 16384 ranks in 8-rank nodes with the "nodes" world's costs (the chosen algorithm
-and its predicted time per size, and every algorithm's prediction).
+and its predicted time per size, and every algorithm's prediction), and its choices for
+reduce-scatter and all-gather at the same scales.
 """
 
 import argparse
@@ -36,6 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ALGORITHMS = ("auto", "ring", "tree", "oneshot", "twoshot", "hierarchical")
+SHARD_ALGORITHMS = ("auto", "ring", "tree", "oneshot")  # oneshot: the direct reduce-scatter and all-gather
 MODEL_WORLDS = (64, 256, 1024, 4096, 16384)
 MODEL_SIZES = ("4K", "64K", "1M", "16M", "256M")
 
@@ -111,9 +115,46 @@ def _rank(rank, world, rundir, args):
             store[a] = slowest(time.perf_counter() - t0) / iters
     out.update(first_s=first, wrong=wrong, latency_s=latency,
                busbw_gbs={a: 4 * bw_n / t * 2 * (world - 1) / world / 1e9 for a, t in busbw.items()})
+    out["shards"] = _shards_latency(rank, world, lat_n, args.iters, slowest)
     dist.destroy_process_group()
     with open(os.path.join(rundir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+
+
+def _shards_latency(rank, world, total, iters, slowest):
+    """Reduce-scatter and all-gather of ``total`` float32 elements in all (the input of a
+    reduce-scatter, the output of an all-gather), per algorithm of SHARD_ALGORITHMS: the
+    variant that ran, elements wrong (checked on every rank), and the blocking latency
+    (slowest rank's loop time / iters)."""
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    shard = max(1, total // world)
+    calls = {
+        "reduce_scatter": (lambda a, big, small: pycomm.reduce_scatter_tensor(small, big, algorithm=a, async_op=True),
+                           lambda big, small: small, float(world * (world + 1) // 2)),
+        "all_gather": (lambda a, big, small: pycomm.all_gather_into_tensor(big, small, algorithm=a, async_op=True),
+                       lambda big, small: big, None),
+    }
+    result = {}
+    for name, (call, checked, sum_value) in calls.items():
+        for a in SHARD_ALGORITHMS:
+            big = torch.full((shard * world,), float(rank + 1))
+            small = torch.full((shard,), float(rank + 1))
+            work = call(a, big, small)
+            work.wait()
+            expected = (torch.full_like(small, sum_value) if sum_value is not None
+                        else torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(shard))
+            wrong = int(slowest(float((checked(big, small) != expected).sum())))
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call(a, big, small).wait()
+            result[f"{name} {a}"] = {"variant": work.algorithm, "wrong": wrong,
+                                     "latency_us": slowest(time.perf_counter() - t0) / iters * 1e6}
+    return result
 
 
 # ---- the parent ----
@@ -148,13 +189,13 @@ def _run_world(spec, args):
     return {"world": spec, "ranks": world, "env": env_extra, "link_costs": link_costs,
             "init_s": max(r["init_s"] for r in ranks), "first_s": r0["first_s"], "wrong": r0["wrong"],
             "latency_us": {a: t * 1e6 for a, t in r0["latency_s"].items()}, "busbw_gbs": r0["busbw_gbs"],
-            "held": held}
+            "shards": r0["shards"], "held": held}
 
 
-def _plan(collective_bytes, world, per_node, costs, algorithm="auto"):
+def _plan(collective_bytes, world, per_node, costs, algorithm="auto", collective="allreduce"):
     from pycomm import _C
 
-    return _C.plan("allreduce", collective_bytes, world=world, ranks_per_node=per_node,
+    return _C.plan(collective, collective_bytes, world=world, ranks_per_node=per_node,
                    intra=tuple(costs["intra"]), inter=tuple(costs["inter"]), algorithm=algorithm)
 
 
@@ -183,6 +224,14 @@ def _report(results, args):
             lines.append(f"{label:>13} {w['wrong'][a]:>7} {lat:10.1f} {p_lat['predicted_us']:10.1f} "
                          f"{p_lat['predicted_us'] / lat - 1:+6.0%}   {w['busbw_gbs'][a]:11.3f} {bw_pred:10.3f} "
                          f"{bw_pred / w['busbw_gbs'][a] - 1:+6.0%}")
+        lines.append(f"reduce-scatter and all-gather of {args.latency_size} in all (blocking, us):")
+        lines.append(f"{'call':>22} {'ran':>18} {'#wrong':>7} {'us':>9} {'predicted':>10}")
+        for call, m in w["shards"].items():
+            name, a = call.split()
+            p = _plan(_bytes(args.latency_size), w["ranks"], per_node, w["link_costs"], a,
+                      "reduce_scatter" if name == "reduce_scatter" else "allgather")
+            lines.append(f"{call:>22} {m['variant']:>18} {m['wrong']:>7} {m['latency_us']:9.1f} "
+                         f"{p['predicted_us']:10.1f}")
         lines.append("")
     nodes = [w for w in results if "PYCOMM_RANKS_PER_NODE" in w["env"]]
     if nodes:
@@ -202,6 +251,16 @@ def _report(results, args):
             for s in MODEL_SIZES:
                 cells = [f"{_plan(_bytes(s), n, 8, costs, a)['predicted_us']:.4g}" for a in ALGORITHMS[1:]]
                 lines.append(f"{n:>7} {s:>6} " + "".join(f"{c:>14}" for c in cells))
+        for collective in ("reduce_scatter", "allgather"):
+            lines.append("")
+            lines.append(f"## model: {collective} on 8-rank nodes (size: the whole buffer), the same costs")
+            lines.append(f"{'ranks':>7} " + "".join(f"{s:>30}" for s in MODEL_SIZES))
+            for n in MODEL_WORLDS:
+                cells = []
+                for s in MODEL_SIZES:
+                    p = _plan(_bytes(s), n, 8, costs, collective=collective)
+                    cells.append(f"{p['variant']} {p['predicted_us']:.4g}")
+                lines.append(f"{n:>7} " + "".join(f"{c:>30}" for c in cells))
     return "\n".join(lines)
 
 
@@ -230,7 +289,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(report + "\n")
-    bad = sum(v for w in results for v in w["wrong"].values())
+    bad = sum(v for w in results for v in w["wrong"].values()) + sum(
+        m["wrong"] for w in results for m in w["shards"].values())
     return 1 if bad else 0
 
 
