@@ -281,7 +281,9 @@ def test_two_level_reduce_scatter_and_all_gather(world):
 # inputs, the variant named by Work.algorithm; random floats within n-1 float32 roundings
 # of the float64 sum; in deterministic modes and under every codec, where contributions
 # travel unsummed and each segment's owner folds them all, the same bits as the direct
-# reduce-scatter; under a codec the all-gather's bits equal the ring's.
+# reduce-scatter (in deterministic modes as every reduce-scatter, and followed by the
+# all-gather, as the all-reduce); under a codec the all-gather's bits equal the ring's.
+# Where the world has several nodes, hierarchical reduce-scatter and all-gather too.
 LOG_STEP_WORLDS = [(5, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp")),
                    (6, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="3")),
                    (7, dict(SMALL_CHUNKS)),
@@ -295,6 +297,8 @@ def log_step_world(rank, ws):
     problems = []
     _exact_shard_cases(problems, rank, ws, "tree", ("recursive-halving", "bruck"),
                        (0, 1, 7, 1001, 3000))  # 3000 float32: several frames per step
+    if int(os.environ.get("PYCOMM_RANKS_PER_NODE", ws)) < ws:  # several nodes
+        _exact_shard_cases(problems, rank, ws, "hierarchical", ("hierarchical", "hierarchical"), (0, 7, 3000))
     m = 3001
     label = "log-step random floats"
 
@@ -314,12 +318,20 @@ def log_step_world(rank, ws):
 
         def body():
             inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
+            algos = ("tree", "oneshot") + (("ring", "hierarchical") if deterministic else ())
             outs = {}
-            for algo in ("tree", "oneshot"):
+            for algo in algos:
                 outs[algo] = torch.zeros(m)
                 pycomm.reduce_scatter_tensor(outs[algo], inputs[rank], algorithm=algo, compression=codec,
                                              deterministic=deterministic)
-            found = [] if torch.equal(outs["tree"], outs["oneshot"]) else ["reduce-scatter: bits differ from direct"]
+            found = ["reduce-scatter: %s's bits differ from tree's" % a for a in algos
+                     if not torch.equal(outs[a], outs["tree"])]
+            if deterministic and not codec:  # the contract: reduce-scatter + all-gather == all-reduce
+                gathered, reduced = torch.zeros(ws * m), inputs[rank].clone()
+                pycomm.all_gather_into_tensor(gathered, outs["tree"], algorithm="tree")
+                pycomm.all_reduce(reduced, deterministic=deterministic)
+                if not torch.equal(gathered, reduced):
+                    found.append("reduce-scatter + all-gather: bits differ from the all-reduce's")
             if codec:
                 gathered = {a: torch.zeros(ws * m) for a in ("tree", "ring")}
                 for algo, t in gathered.items():
