@@ -277,14 +277,14 @@ def test_two_level_reduce_scatter_and_all_gather(world):
 # The tree family's reduce-scatter (recursive halving) and all-gather (Bruck) at the world
 # sizes test_every_algorithm does not reach, powers of two and not (a pair's first rank
 # hands its input over and takes its segment back), with 4 KiB frames (several per step),
-# on shared memory, TCP and 2-3 nodes of one host: exact results for integer-valued
+# on shared memory, TCP and 2-5 nodes of one host: exact results for integer-valued
 # inputs, the variant named by Work.algorithm; random floats within n-1 float32 roundings
 # of the float64 sum; in deterministic modes and under every codec, where contributions
 # travel unsummed and each segment's owner folds them all, the same bits as the direct
 # reduce-scatter (in deterministic modes as every reduce-scatter, and followed by the
 # all-gather, as the all-reduce); under a codec the all-gather's bits equal the ring's.
 # Where the world has several nodes, hierarchical reduce-scatter and all-gather too.
-LOG_STEP_WORLDS = [(5, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp")),
+LOG_STEP_WORLDS = [(5, dict(SMALL_CHUNKS, PYCOMM_TRANSPORT="tcp", PYCOMM_RANKS_PER_NODE="1")),  # 5 nodes of 1
                    (6, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="3")),
                    (7, dict(SMALL_CHUNKS)),
                    (8, dict(SMALL_CHUNKS, PYCOMM_RANKS_PER_NODE="4")),
