@@ -10,7 +10,8 @@ in, this process:
 
 1. creates the default group, with the scenario's environment (PYCOMM_FAULT, transport,
    ...) in place for that group only, then sets the group's timeout;
-2. runs `calls` all_reduces of ones, checking each result, until one raises;
+2. runs `calls` collectives of ones (all_reduce, or the scenario's `collective`), checking
+   each result, until one raises;
 3. after an error, calls once more: a poisoned group must refuse at once;
 4. recovers, when it is listed in `recover`: destroys the group and creates a fresh one
    with the others listed, whose all_reduce must be correct (and lines the processes up
@@ -93,18 +94,26 @@ def _calls(sc, world):
     import torch.distributed as dist
 
     t = torch.ones(sc["count"])
+    whole = torch.ones(sc["count"] * world)
+    # The call, and the value every element of its result must have (inputs are ones).
+    call, result, value = {
+        "allreduce": (lambda: dist.all_reduce(t), t, world),
+        "reduce_scatter": (lambda: dist.reduce_scatter_tensor(t, whole), t, world),
+        "allgather": (lambda: dist.all_gather_into_tensor(whole, t), whole, 1),
+    }[sc["collective"]]
     done = []
     for seq in range(1, sc["calls"] + 1):
         t.fill_(1.0)
+        whole.fill_(1.0)
         t0 = time.monotonic()
         try:
-            dist.all_reduce(t)
+            call()
         except Exception as e:  # noqa: BLE001
             err = _error(e, t0, seq=seq)
             err["second"] = second_call(t)
             return err, done
         done.append({"seq": seq, "elapsed": time.monotonic() - t0,
-                     "correct": bool(torch.all(t == world))})
+                     "correct": bool(torch.all(result == value))})
     return None, done
 
 

@@ -3,7 +3,7 @@
 Each scenario is a group of 3 or 4 ranks in real processes (_fault_worker.py), one of
 which misbehaves: killed, stopped or exiting before, during or after an all_reduce over
 TCP, shared memory and the hierarchical layout (2 "nodes" of 2 ranks: shm within, TCP
-across); raising, dropping its connections, corrupting a frame header or sleeping; or
+across), or killed during a log-step reduce-scatter or all-gather over TCP; raising, dropping its connections, corrupting a frame header or sleeping; or
 starting up wrong (never joining, a duplicate rank, another world size). Expected of every
 other process: a pycomm error naming the operation, its sequence number and the peer,
 within a bound (near the group timeout where a timeout is the outcome); the group then
@@ -56,7 +56,11 @@ LAYOUTS = {
     "tcp": (3, {"PYCOMM_TRANSPORT": "tcp"}),
     "shm": (3, {"PYCOMM_TRANSPORT": "shm"}),
     "hier": (4, {"PYCOMM_ALGO": "hierarchical", "PYCOMM_RANKS_PER_NODE": "2"}),
+    # Recursive halving with a pair (ranks 0 and 1) and Bruck, over TCP.
+    "tree": (3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_ALGO": "tree"}),
 }
+# The collectives whose calls a layout's scenarios fault (as PYCOMM_FAULT names them).
+LAYOUT_COLLECTIVES = {"tree": ("reduce_scatter", "allgather")}
 # Exit statuses by the victim's fate (see Scenario.fate); "ok" for everyone else.
 STATUS = {"ok": 0, "killed": -signal.SIGKILL, "stopped": "stopped", "exit": 0}
 
@@ -66,6 +70,7 @@ class Scenario:
     name: str
     layout: str               # its world (see LAYOUTS)
     fault: str = ""           # PYCOMM_FAULT of the faulty group
+    collective: str = "allreduce"  # what every rank calls, as PYCOMM_FAULT names it
     victim: int = 2           # the rank the fault or the start-up error is about
     # How the victim ends: "killed" (SIGKILL), "stopped" (found stopped; the test kills it),
     # "exit" (status 0, no record), "absent" (never joins the faulty group, joins the
@@ -95,8 +100,8 @@ class Scenario:
     def expected(self):
         if self.fails == "nothing":
             return "no error; a call takes >= %.1f s" % (DELAY_MS / 1e3)
-        what = "group creation fails" if self.creation() else "allreduce %s fails" % "|".join(
-            "#%d" % n for n in self.calls())
+        what = "group creation fails" if self.creation() else "%s %s fails" % (self.collective, "|".join(
+            "#%d" % n for n in self.calls()))
         what += " /%s/" % self.expect if self.expect else " naming rank %d" % self.peer()
         return "%s in %.1f-%.0f s; %snew group ok" % (what, self.within[0], self.within[1],
                                                      "" if self.creation() else "poisoned; ")
@@ -119,6 +124,11 @@ def _kills():
     out = []
     for layout, (n, _) in LAYOUTS.items():
         victim = n - 1  # in hier: on the second node, across TCP from rank 0
+        if layout in LAYOUT_COLLECTIVES:  # a kill in the middle of each
+            for c in LAYOUT_COLLECTIVES[layout]:
+                out.append(Scenario("kill during %s (%s)" % (c, layout), layout, victim=victim, collective=c,
+                                    fault="%d:%s:3:during:kill" % (victim, c), fate="killed"))
+            continue
         for point, spec in (("before", "before"), ("during", "during@1"), ("after", "after")):
             out.append(Scenario("kill %s (%s)" % (point, layout), layout, victim=victim,
                                 fault="%d:allreduce:3:%s:kill" % (victim, spec), fate="killed"))
@@ -194,6 +204,7 @@ def world_plan(scenarios, directory):
         base = os.path.join(directory, re.sub(r"\W", "_", sc.name))
         env = dict(LAYOUTS[sc.layout][1], **({"PYCOMM_FAULT": sc.fault} if sc.fault else {}))
         plan.append({"name": sc.name, "env": env, "start": start, "count": COUNT, "calls": CALLS,
+                     "collective": sc.collective,
                      "init_timeout": sc.pg_timeout if sc.creation() else INIT_TIMEOUT_S,
                      "timeout": sc.pg_timeout, "url": "file://" + base + "-rdzv",
                      "recovery_url": "file://" + base + "-recovery",
@@ -282,7 +293,7 @@ def _error_problems(sc, rec, victim):
             problems.append("failed at call #%d, expected one of %s: %r" % (err["seq"], sc.calls(), msg))
         peer = r"rank %d\b" % sc.peer()
         problems += ["message %s: %r" % (p, msg) for p in
-                     contract_problems(msg, "" if victim else peer, seq=err["seq"])]
+                     contract_problems(msg, "" if victim else peer, op=sc.collective, seq=err["seq"])]
         problems += sticky_problems(rec["index"], err["second"], pattern or peer)
         wrong = [c["seq"] for c in rec["calls"] if not c["correct"]]
         if wrong:
