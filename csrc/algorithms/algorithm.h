@@ -103,6 +103,7 @@ struct Butterfly {
   int index(int rank) const { return rank < 2 * (n - p) ? rank / 2 : rank - (n - p); }
   int first_rank(int v) const { return v < n - p ? 2 * v : v + (n - p); }  // first_rank(p) == n
   int last_rank(int v) const { return first_rank(v + 1) - 1; }
+  int ranks_of(int v) const { return first_rank(v + 1) - first_rank(v); }  // 1 or 2
   bool hands_over(int rank) const { return rank < 2 * (n - p) && rank % 2 == 0; }
   bool takes_pair(int rank) const { return rank < 2 * (n - p) && rank % 2 == 1; }
 };

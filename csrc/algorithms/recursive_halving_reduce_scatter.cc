@@ -137,15 +137,23 @@ void halve_contributions(const Context& cx, const Request& rq) {
   const auto put_all = [&](char* dst) {
     for (int s = 0; s < n; ++s) wire.put(cx, dst + s * seg, in + s * count * wire.es, count);
   };
-  // The largest holding and receipt of any step: contributions x segments of the range.
+  // The virtual ranks whose contributions virtual rank u holds once the steps down to
+  // distance d have run (d = p: none has): those equal to u modulo d, in order.
+  const auto heard = [&](int u, int d) {
+    std::vector<int> group;
+    for (int w = u % d; w < fly.p; w += d) group.push_back(w);
+    return group;
+  };
+  const auto ranks_in = [&](const std::vector<int>& group) {
+    int k = 0;
+    for (int w : group) k += fly.ranks_of(w);
+    return k;
+  };
+  // The largest holding of any step (contributions x segments of the range); what a
+  // step receives is less.
   size_t most = 2 * n * seg;
-  for (int d = fly.p / 2, senders = fly.takes_pair(me) ? 2 : 1; d >= 1; d /= 2) {
-    const Halving step{v, d};
-    int partners = 0;  // the ranks whose contributions the partner holds
-    for (int w = (v ^ d) & (2 * d - 1); w < fly.p; w += 2 * d) partners += fly.last_rank(w) - fly.first_rank(w) + 1;
-    most = std::max(most, (senders + partners) * segments_of(fly, step.keep_lo(), d).size() * seg);
-    senders += partners;
-  }
+  for (int d = fly.p / 2; d >= 1; d /= 2)
+    most = std::max(most, ranks_in(heard(v, d)) * segments_of(fly, Halving{v, d}.keep_lo(), d).size() * seg);
   char* const memory = cx.workspace->get(Scratch::Held, 3 * most);
   char *held = memory, *next = memory + most, *received = memory + 2 * most;
   if (fly.hands_over(me)) {
@@ -153,14 +161,8 @@ void halve_contributions(const Context& cx, const Request& rq) {
     send_bytes(cx, me + 1, held, n * seg);
     return recv_bytes(cx, me + 1, out, count * wire.es);
   }
-  // `held`: for each virtual rank of this rank's group (those it has heard from, in
-  // order), for each of their ranks, the segments of this rank's range.
-  std::vector<int> group{v};
-  const auto ranks_of = [&](const std::vector<int>& virtuals) {
-    int k = 0;
-    for (int w : virtuals) k += fly.last_rank(w) - fly.first_rank(w) + 1;
-    return k;
-  };
+  // `held`: for each virtual rank this rank has heard from, in order, for each of its
+  // ranks, the segments of this rank's range.
   if (fly.takes_pair(me)) {
     recv_bytes(cx, me - 1, held, n * seg);
     put_all(held + n * seg);
@@ -171,9 +173,8 @@ void halve_contributions(const Context& cx, const Request& rq) {
   for (int d = fly.p / 2; d >= 1; d /= 2) {
     const Halving step{v, d};
     const SegmentRange sent = segments_of(fly, step.send_lo(), d), kept = segments_of(fly, step.keep_lo(), d);
-    std::vector<int> theirs;
-    for (int w : group) theirs.push_back(w ^ d);
-    const int mine_ranks = ranks_of(group), their_ranks = ranks_of(theirs);
+    const std::vector<int> mine = heard(v, 2 * d), theirs = heard(v ^ d, 2 * d);
+    const int mine_ranks = ranks_in(mine), their_ranks = ranks_in(theirs);
     ByteRuns outgoing, incoming;
     for (int j = 0; j < mine_ranks; ++j)
       outgoing.runs.push_back({held + (j * range.size() + sent.first - range.first) * seg, sent.size() * seg});
@@ -181,21 +182,18 @@ void halve_contributions(const Context& cx, const Request& rq) {
     exchange_bytes(cx, fly.last_rank(v ^ d), outgoing, fly.last_rank(v ^ d), incoming);
     // Merge, in virtual rank order, this rank's contributions and the partner's, each
     // over the kept half.
-    std::vector<int> merged;
-    std::merge(group.begin(), group.end(), theirs.begin(), theirs.end(), std::back_inserter(merged));
     const size_t piece = kept.size() * seg;
     char* dst = next;
     int mine_j = 0, their_j = 0;
-    for (int w : merged) {
-      const bool own = std::binary_search(group.begin(), group.end(), w);
-      for (int k = fly.first_rank(w); k <= fly.last_rank(w); ++k, dst += piece) {
+    for (int w : heard(v, d)) {
+      const bool own = w % (2 * d) == v % (2 * d);
+      for (int k = 0; k < fly.ranks_of(w); ++k, dst += piece) {
         const char* src = own ? held + ((mine_j++) * range.size() + kept.first - range.first) * seg
                               : received + (their_j++) * piece;
         cx.ops->copy(dst, src, piece);
       }
     }
     std::swap(held, next);
-    group = merged;
     range = kept;
   }
   // Every rank's contribution to this rank's segments, in rank order: fold each segment.
