@@ -16,7 +16,9 @@ Why this shape:
 * The parent enforces one deadline for the whole world; on the deadline, or as soon as a
   rank reports a failure (after a short grace so the peers' tracebacks are collected too),
   every straggler is SIGKILLed and reaped, and an AssertionError carrying every rank's
-  story is raised.
+  story is raised. PYCOMM_TEST_WORLD_DEADLINE_S caps every world's deadline, so that a
+  run with a limit of its own (the GPU check's steps) gets the ranks' stacks of a hung
+  world before that limit kills the whole test session.
 """
 
 import atexit
@@ -252,6 +254,7 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
                          init_method=init_method, backend=backend, pg_timeout_s=pg_timeout,
                          sys_path=list(sys.path)), f)
 
+    timeout = min(timeout, float(os.environ.get("PYCOMM_TEST_WORLD_DEADLINE_S", timeout)))
     deadline = time.monotonic() + timeout
     conns = []
     results = [None] * world_size
