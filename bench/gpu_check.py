@@ -6,20 +6,17 @@
 
 Steps, in order. Each runs as a child process (its own process group) with its own time
 limit, so a hang costs only that step; the steps after a failed build are skipped; an
-optional step runs only if its whole limit fits in what is left of the budget. The three
-test steps run side by side (their time is mostly the ranks' start and host-driven
-collectives, not the GPU's work; 16 cores hold them), each test world with a deadline
-short of its step's limit so that a hung world reports its ranks' stacks; the measuring
-steps run alone.
+optional step runs only if its whole limit fits in what is left of the budget. A step at
+its limit is interrupted (SIGINT) before it is killed, so that pytest reports what failed.
 
   build         pip install --no-build-isolation --no-deps -e . with the CUDA build
   versions      torch, CUDA, NCCL, triton, driver, GPU
   cuda-tests    tests/test_cuda.py but its layered tests: kernels and collectives on CUDA
                 tensors bit for bit against the CPU path, AVG included
+  triton-tests  tests/test_triton_kernels.py with the kernels compiled for the GPU
   layered       tests/test_cuda.py's layered tests: NCCL moving at 1 rank, gloo moving CUDA
                 tensors at 2 and 4 ranks on the GPU, every codec, both deterministic modes,
                 with the CUDA kernels and with the Triton kernels: the native CPU bits
-  triton-tests  tests/test_triton_kernels.py with the kernels compiled for the GPU
   throughput    the folds and codecs of both kernel sets on 256 MiB of float32 against a
                 device-to-device copy of the same bytes (target: 80% of its bandwidth),
                 and the two sets' outputs compared bit for bit
@@ -51,15 +48,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 MiB = 1 << 20
 COPY_TARGET = 0.8  # a kernel's share of device-to-device copy bandwidth
-TEST_LIMIT_S = 210  # each test step's limit; they run side by side
-LOG_LOCK = threading.Lock()
+INTERRUPT_GRACE_S = 15  # a step at its limit is interrupted this long before it is killed
 # A Work.wait() that returns within this share of the kernel queued before the collective
 # left the host free; one that returns after the kernel held it.
 HOST_FREE_SHARE = 0.25
@@ -75,11 +70,9 @@ SYSTEM_COMPILERS = {var: path for var, path in (("CC", "/usr/bin/gcc"), ("CXX", 
 class Step:
     """One step: argv of a child process run in ROOT, with a time limit in seconds."""
 
-    def __init__(self, name, limit_s, what, argv, env=None, needs_build=True, optional=False, measures=False,
-                 together=False):
+    def __init__(self, name, limit_s, what, argv, env=None, needs_build=True, optional=False, measures=False):
         self.name, self.limit_s, self.what, self.argv = name, limit_s, what, argv
         self.env, self.needs_build, self.optional, self.measures = env or {}, needs_build, optional, measures
-        self.together = together  # runs side by side with the steps next to it that are too
 
 
 def plan(dry):
@@ -95,10 +88,13 @@ def plan(dry):
         return [sys.executable, os.path.abspath(__file__), "--step", name] + (["--dry"] if dry else [])
 
     jobs = str(min(os.cpu_count() or 1, 16))
-    # A test world's deadline, below the test steps' limit (TEST_LIMIT_S); its ranks start
-    # as fresh interpreters (the suite's zygote forks them from a process that imported
-    # pycomm, which has not been tried beside CUDA).
-    world_env = {"PYCOMM_TEST_WORLD_DEADLINE_S": str(TEST_LIMIT_S - 60), "PYCOMM_TEST_FRESH_INTERPRETERS": "1"}
+
+    def worlds(limit_s):
+        """A test step's worlds: a deadline short of the step's limit, so that a hung world
+        reports its ranks' stacks; fresh interpreters for ranks (the suite's zygote forks
+        them from a process that imported pycomm, not tried beside CUDA)."""
+        return {"PYCOMM_TEST_WORLD_DEADLINE_S": str(limit_s - 40), "PYCOMM_TEST_FRESH_INTERPRETERS": "1"}
+
     sanitizer = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", "--target-processes", "all"]
     return [
         Step("build", 300, "pip install --no-build-isolation --no-deps -e . (PYCOMM_WITH_CUDA=1)",
@@ -106,16 +102,17 @@ def plan(dry):
              env=dict(SYSTEM_COMPILERS, PYCOMM_WITH_CUDA="1", MAX_JOBS=jobs), needs_build=False),
         Step("versions", 60, "torch, CUDA, NCCL, triton, driver, GPU", own("versions"), measures=True),
         # Several test worlds at a time (pytest-xdist): most of a world's time is its
-        # processes' start, CUDA set-up and host-driven steps, not the GPU's work.
-        Step("cuda-tests", TEST_LIMIT_S, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to "
-             "the CPU's", tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "8"]), env=world_env,
-             together=True),
-        Step("layered", TEST_LIMIT_S, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and "
-             "Triton kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "6"]),
-             env=world_env, together=True),
-        Step("triton-tests", TEST_LIMIT_S, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU "
-             "ops", tests("tests/test_triton_kernels.py", parallel=["-n", "4"]),
-             env=dict(world_env, PYCOMM_TRITON_ON_GPU="0" if dry else "1"), together=True),
+        # processes' start, CUDA set-up and host-driven steps, not the GPU's work. The steps
+        # themselves run one at a time: side by side, Triton's compiles and the ranks'
+        # host work outnumbered 16 cores and every step ran several times slower.
+        Step("cuda-tests", 130, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
+             tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "8"]), env=worlds(130)),
+        Step("triton-tests", 90, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
+             tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
+             env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1")),
+        Step("layered", 120, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
+             "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "6"]),
+             env=worlds(120)),
         Step("throughput", 60, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
              own("throughput"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
@@ -515,9 +512,16 @@ def run_child(step, argv, env, limit_s, log):
         except OSError as e:
             return -1, "cannot start %s: %s\n" % (argv[0], e)
         try:
-            rc = proc.wait(timeout=limit_s)
+            rc = proc.wait(timeout=max(1.0, limit_s - INTERRUPT_GRACE_S))
         except subprocess.TimeoutExpired:
             rc = None
+            # Interrupted first, pytest reports the failures it has seen and a measuring
+            # step stops where it is (it has saved what it measured).
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -525,9 +529,8 @@ def run_child(step, argv, env, limit_s, log):
         proc.wait()
         out.seek(0)
         text = out.read().decode(errors="replace")
-    with LOG_LOCK:  # steps that run side by side write whole sections
-        log.write("\n===== %s: %s (limit %.0f s)\n%s" % (step.name, " ".join(argv), limit_s, text))
-        log.flush()
+    log.write("\n===== %s: %s (limit %.0f s)\n%s" % (step.name, " ".join(argv), limit_s, text))
+    log.flush()
     return rc, text
 
 
@@ -602,26 +605,22 @@ def orchestrate(args, dry):
     if unknown:
         raise SystemExit("--steps: no step named %s" % ", ".join(sorted(unknown)))
     with open(stem + ".log", "w") as log:
-        for batch in batches(steps):
+        for step in steps:
+            entry = {"name": step.name, "what": step.what, "limit_s": step.limit_s}
+            report["steps"].append(entry)
             left = args.budget - (time.monotonic() - start)
-            runs = []
-            for step in batch:
-                entry = {"name": step.name, "what": step.what, "limit_s": step.limit_s}
-                report["steps"].append(entry)
-                if asked and step.name not in asked and step.name != "build":
-                    entry["verdict"] = "not asked for (--steps)"
-                elif step.needs_build and not built:
-                    entry["verdict"] = "skipped: the build failed"
-                elif dry and step.name == "build":
-                    entry["verdict"] = "planned: " + " ".join(step.argv)
-                elif step.optional and left < step.limit_s:
-                    entry["verdict"] = "skipped: %.0f s left of the budget, the step needs %.0f" % (left, step.limit_s)
-                elif left < 5:
-                    entry["verdict"] = "skipped: the budget is spent"
-                else:
-                    runs.append((step, entry))
-            run_batch(runs, left, env, stem, log, dry)
-            for step, entry in runs:
+            if asked and step.name not in asked and step.name != "build":
+                entry["verdict"] = "not asked for (--steps)"
+            elif step.needs_build and not built:
+                entry["verdict"] = "skipped: the build failed"
+            elif dry and step.name == "build":
+                entry["verdict"] = "planned: " + " ".join(step.argv)
+            elif step.optional and left < step.limit_s:
+                entry["verdict"] = "skipped: %.0f s left of the budget, the step needs %.0f" % (left, step.limit_s)
+            elif left < 5:
+                entry["verdict"] = "skipped: the budget is spent"
+            else:
+                run_step(step, entry, min(step.limit_s, left), dict(env, **step.env), stem, log, dry)
                 built = built and (step.name != "build" or entry["verdict"].startswith("pass"))
                 if step.name == "versions" and entry.get("result"):
                     report["versions"] = entry["result"]["info"]
@@ -635,45 +634,19 @@ def orchestrate(args, dry):
     return 1 if any(s["verdict"].startswith(("FAIL", "TIMEOUT")) for s in report["steps"]) else 0
 
 
-def batches(steps):
-    """The steps as they run: alone, or with the steps next to them marked together."""
-    batch = []
-    for step in steps:
-        if batch and not (step.together and batch[-1].together):
-            yield batch
-            batch = []
-        batch.append(step)
-    if batch:
-        yield batch
-
-
-def run_batch(runs, left, env, stem, log, dry):
-    """Runs the (step, entry) pairs side by side, each within its limit and what is left of
-    the budget; then fails them all if their groups left segments in /dev/shm."""
-    segments = shm_segments()
-    threads = [threading.Thread(target=run_step, args=(step, entry, min(step.limit_s, left), dict(env, **step.env),
-                                                       stem, log, dry)) for step, entry in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    settle = time.monotonic() + 2  # ranks unlink theirs as they exit
-    while shm_segments() - segments and time.monotonic() < settle:
-        time.sleep(0.1)
-    leaked = sorted(shm_segments() - segments)
-    if leaked:  # the segments of its groups must all be gone when a step ends
-        for _, entry in runs:
-            entry["verdict"] = "FAIL: left in /dev/shm: %s; %s" % (" ".join(leaked[:5]), entry["verdict"])
-
-
 def run_step(step, entry, limit, env, stem, log, dry):
     """Runs one step and fills its entry: seconds, the measuring step's result, verdict."""
     record = stem + ".%s.tmp.json" % step.name
     argv = step.argv + (["--record", record] if step.measures else [])
     t0 = time.monotonic()
+    segments = shm_segments()
     rc, text = run_child(step, argv, env, limit, log)
     stop_mps()  # left running if the step was killed in it
     entry["seconds"] = time.monotonic() - t0
+    settle = time.monotonic() + 2  # ranks unlink theirs as they exit
+    while shm_segments() - segments and time.monotonic() < settle:
+        time.sleep(0.1)
+    leaked = sorted(shm_segments() - segments)
     if step.measures and os.path.exists(record):
         with open(record) as f:
             entry["result"] = json.load(f)
@@ -689,6 +662,8 @@ def run_step(step, entry, limit, env, stem, log, dry):
         entry["verdict"] = "collected: " + (text.strip().splitlines() or ["nothing"])[-1]
     else:
         entry["verdict"] = "pass" + (": " + pytest_summary(text) if pytest_summary(text) else "")
+    if leaked:  # the segments of its groups must all be gone when a step ends
+        entry["verdict"] = "FAIL: left in /dev/shm: %s; %s" % (" ".join(leaked[:5]), entry["verdict"])
 
 
 def shm_segments():
