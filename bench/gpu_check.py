@@ -542,7 +542,7 @@ def pytest_summary(text):
 
 def summary_markdown(report):
     info = report["versions"]
-    lines = ["# GPU check: %s" % info.get("gpu", "no GPU (dry run)" if report["dry"] else "no GPU"), "",
+    lines = ["# GPU check: %s" % (report.get("device") or ("no GPU (dry run)" if report["dry"] else "no GPU")), "",
              "`%s` at commit %s, %s, %.0f s of a %.0f s budget." % (
                  report["command"], info.get("commit", "unknown"), report["date"], report["elapsed_s"],
                  report["budget_s"]), ""]
@@ -590,8 +590,9 @@ def gpu_name():
 def orchestrate(args, dry):
     os.makedirs(args.out, exist_ok=True)
     start = time.monotonic()
-    stem = os.path.join(args.out, "gpu-%s-check" % ("cpu-dry" if dry else device_slug(gpu_name())))
-    report = {"dry": dry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget_s": args.budget,
+    device = "" if dry else gpu_name()
+    stem = os.path.join(args.out, "gpu-%s-check" % ("cpu-dry" if dry else device_slug(device)))
+    report = {"dry": dry, "device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget_s": args.budget,
               "command": ("GPU_CHECK_DRY=1 " if dry else "") + "python bench/gpu_check.py", "versions": {},
               "steps": [], "elapsed_s": 0.0}
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
@@ -652,7 +653,7 @@ def run_step(step, entry, limit, env, stem, log, dry):
             entry["result"] = json.load(f)
         os.remove(record)
     if rc is None:
-        entry["verdict"] = "TIMEOUT after %.0f s" % limit
+        entry["verdict"] = "TIMEOUT after %.0f s" % limit + (": " + pytest_summary(text) if pytest_summary(text) else "")
     elif rc != 0:
         entry["verdict"] = "FAIL (exit %d): %s" % (
             rc, pytest_summary(text) or (text.strip().splitlines() or ["no output"])[-1][:300])
