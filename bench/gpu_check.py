@@ -38,6 +38,7 @@ leaves what it measured. GPU_CHECK_COMMIT names the commit in the report (a tree
 a GPU machine may carry no git history, or a stale one).
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -70,9 +71,11 @@ SYSTEM_COMPILERS = {var: path for var, path in (("CC", "/usr/bin/gcc"), ("CXX", 
 class Step:
     """One step: argv of a child process run in ROOT, with a time limit in seconds."""
 
-    def __init__(self, name, limit_s, what, argv, env=None, needs_build=True, optional=False, measures=False):
+    def __init__(self, name, limit_s, what, argv, env=None, needs_build=True, optional=False, measures=False,
+                 mps=False):
         self.name, self.limit_s, self.what, self.argv = name, limit_s, what, argv
         self.env, self.needs_build, self.optional, self.measures = env or {}, needs_build, optional, measures
+        self.mps = mps  # its processes share the GPU through the MPS daemon, where it starts
 
 
 def plan(dry):
@@ -102,17 +105,19 @@ def plan(dry):
              env=dict(SYSTEM_COMPILERS, PYCOMM_WITH_CUDA="1", MAX_JOBS=jobs), needs_build=False),
         Step("versions", 60, "torch, CUDA, NCCL, triton, driver, GPU", own("versions"), measures=True),
         # Several test worlds at a time (pytest-xdist): most of a world's time is its
-        # processes' start, CUDA set-up and host-driven steps, not the GPU's work. The steps
-        # themselves run one at a time: side by side, Triton's compiles and the ranks'
-        # host work outnumbered 16 cores and every step ran several times slower.
+        # processes' start, CUDA set-up and host-driven steps, not the GPU's work. They share
+        # the GPU through MPS: time-sliced, a flag-synchronized kernel waiting for a peer's
+        # holds the GPU for its whole slice, and on one H100 every world crawled beside them.
+        # The steps themselves run one at a time: side by side, Triton's compiles and the
+        # ranks' host work outnumbered 16 cores and every step ran several times slower.
         Step("cuda-tests", 130, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
-             tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "8"]), env=worlds(130)),
+             tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "8"]), env=worlds(130), mps=True),
         Step("triton-tests", 90, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
              tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
-             env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1")),
+             env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1"), mps=True),
         Step("layered", 120, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
              "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "6"]),
-             env=worlds(120)),
+             env=worlds(120), mps=True),
         Step("throughput", 60, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
              own("throughput"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
@@ -641,7 +646,10 @@ def run_step(step, entry, limit, env, stem, log, dry):
     argv = step.argv + (["--record", record] if step.measures else [])
     t0 = time.monotonic()
     segments = shm_segments()
-    rc, text = run_child(step, argv, env, limit, log)
+    with _mps_daemon() if step.mps and not dry else contextlib.nullcontext("") as sharing:
+        if sharing:
+            entry["what"] += " [%s]" % sharing
+        rc, text = run_child(step, argv, dict(env, **MPS_ENV) if sharing == "MPS" else env, limit, log)
     stop_mps()  # left running if the step was killed in it
     entry["seconds"] = time.monotonic() - t0
     settle = time.monotonic() + 2  # ranks unlink theirs as they exit

@@ -57,6 +57,19 @@ def _same_bits(a, b):
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def _first_difference(a, b):
+    """Where two tensors that are not _same_bits first differ: both values and their bits."""
+    a, b = a.contiguous().cpu().view(-1), b.contiguous().cpu().view(-1)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differ = a.view(bits) != b.view(bits)
+    if a.dtype.is_floating_point:  # as _same_bits: NaN for NaN
+        differ &= ~(torch.isnan(a) & torch.isnan(b))
+    i = int(differ.nonzero()[0])
+    mask = (1 << 8 * a.element_size()) - 1
+    return "element %d: %r (%#x) and %r (%#x)" % (i, a[i].item(), a.view(bits)[i].item() & mask,
+                                                   b[i].item(), b.view(bits)[i].item() & mask)
+
+
 def _data(n, dtype, seed, specials=True):
     g = torch.Generator().manual_seed(seed)
     if not dtype.is_floating_point:
@@ -299,19 +312,23 @@ FLAG_PG_TIMEOUT_S = 3
 
 
 def flag_peer_fault(rank, ws, fault):
-    """Rank 1 misses a flag-synchronized all-reduce, asleep or killed; rank 0 reports it."""
+    """Rank 1 misses a flag-synchronized all-reduce, asleep or killed; rank 0 reports it.
+    The short timeout is a subgroup's: the world's group is made with the harness's, since
+    a loaded machine can start one rank's interpreter seconds after the other's."""
+    import datetime
     import os
     import signal
     import time
 
+    group = dist.new_group(timeout=datetime.timedelta(seconds=FLAG_PG_TIMEOUT_S))
     t = torch.ones(1000, device="cuda")
-    dist.all_reduce(t)  # the team is up
+    dist.all_reduce(t, group=group)  # the team is up
     if rank == 1:
         if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(FLAG_PG_TIMEOUT_S + 5)
         return None
-    return timed_all_reduce(t)
+    return timed_all_reduce(t, group=group)
 
 
 @pytest.mark.parametrize("fault,words,bounds", [
@@ -319,7 +336,7 @@ def flag_peer_fault(rank, ws, fault):
     ("kill", "rank 1 exited", (0, 2.0)),
 ])
 def test_flag_allreduce_reports_a_missing_peer(fault, words, bounds):
-    results = run_world(flag_peer_fault, 2, args=(fault,), env=FLAGS_ALWAYS, pg_timeout=FLAG_PG_TIMEOUT_S, timeout=120,
+    results = run_world(flag_peer_fault, 2, args=(fault,), env=FLAGS_ALWAYS, timeout=120,
                         expect_killed=(1,) if fault == "kill" else ())
     r = results[0]
     assert r["raised"], "all_reduce returned after %.1fs without its peer" % r["elapsed"]
@@ -350,14 +367,16 @@ def layered_on_cuda(rank, ws, mover):
             if not work.algorithm.startswith("layered-direct over"):
                 problems.append(work.algorithm)
             if not _same_bits(on_gpu, on_cpu):
-                problems.append("%s %s %s n=%d: CUDA layered != CPU native" % (dtype, codec, mode, n))
+                problems.append("%s %s %s n=%d: CUDA layered != CPU native (%s)" % (dtype, codec, mode, n,
+                                                                                 _first_difference(on_gpu, on_cpu)))
             rs_cpu = torch.empty(n, dtype=dtype)
             rs_gpu = torch.empty(n, dtype=dtype, device="cuda")
             big = torch.cat([x] * ws)
             pycomm.reduce_scatter_tensor(rs_cpu, big, compression=codec, deterministic=mode)
             pycomm.reduce_scatter_tensor(rs_gpu, big.cuda(), group=group, compression=codec, deterministic=mode)
             if not _same_bits(rs_gpu, rs_cpu):
-                problems.append("%s %s %s n=%d: reduce-scatter differs" % (dtype, codec, mode, n))
+                problems.append("%s %s %s n=%d: reduce-scatter differs (%s)" % (dtype, codec, mode, n,
+                                                                             _first_difference(rs_gpu, rs_cpu)))
     return problems
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["build", "versions", "cuda-tests", "layered", "triton-tests", "throughput", "allreduce", "stream-wait",
+STEPS = ["build", "versions", "cuda-tests", "triton-tests", "layered", "throughput", "allreduce", "stream-wait",
          "sanitizer"]
 
 

@@ -157,6 +157,22 @@ def test_fold_matches_cpu(part):
         assert _equal(cpu, tri), (str(dtype), codec, stage, op, exact, forms, block, n)
 
 
+@pytest.mark.parametrize("codec", ["none", *CODECS])
+def test_exact_fold_of_a_few_elements_matches_cpu(codec):
+    """Exact mode at 1 to 3 elements, of 1 and 3 inputs: Triton specializes a count of 1
+    as a constant (on one H100, the layered path's exact all-reduce of 1 element over the
+    compiled Triton kernels differed from the CPU's)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 2, 3):
+            for k in (1, 3):
+                forms = [Form.Input] * k
+                terms = _terms(forms, dtype, n, codec, 64, n + 10 * k)
+                stage = Stage.FinalEncoded if codec != "none" else Stage.Final
+                out = _output(dtype, n, codec if codec != "none" else "fp16", 64, stage)
+                cpu, tri = _both(out, terms, forms, dtype, n, dist.ReduceOp.SUM, k, True, codec, 64, stage)
+                assert _equal(cpu, tri), (str(dtype), codec, n, k, cpu.view(-1)[:16].tolist(), tri.view(-1)[:16].tolist())
+
+
 def _exchanged(world, rank, dtype, codec, block, n, seed, device):
     """Terms on ``device`` as the layered path's exchange lays them out: every other
     rank's segment a piece of one receive buffer (encoded in slots under a codec), this
