@@ -402,6 +402,14 @@ def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_siz
                  codes.to(code_type), mask=mask)
 
 
+# The same kernel for a count of 1, which Triton would otherwise compile as the constant 1:
+# every lane but one then being dead, LLVM's packed <2 x i16> exponent arithmetic in
+# _exact_sum (``- 126``) keeps one live half, and ptxas (12.8 and 12.9, sm_90) assembles
+# such an add.s16x2 with its immediate dropped (VIADD.16x2 R, R, 0x0): wrong bits on the
+# GPU, not in the interpreter. Other counts keep the divisibility specialization.
+_fold_kernel_of_one = triton.jit(do_not_specialize=["n", "premul_bits", "world_size"])(_fold_kernel.fn)
+
+
 @triton.jit
 def _error_feedback_kernel(buf, residual, n, HAS_RESIDUAL: tl.constexpr, OUT_KIND: tl.constexpr, CODEC: tl.constexpr,
                            ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -461,7 +469,7 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     width = block if coded else _TILE
     rows = _TILE // width
     runs = _runs([_typed(t, in_form[f]) for t, f in zip(terms, forms)], forms)
-    _fold_kernel[(triton.cdiv(count, rows * width),)](
+    (_fold_kernel_of_one if count == 1 else _fold_kernel)[(triton.cdiv(count, rows * width),)](
         _typed(out, out_form), tuple(r[0] for r in runs), tuple(r[2] for r in runs), tuple(r[3] for r in runs),
         count, struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
         FORMS=tuple(int(r[1]) for r in runs), RUNS=len(runs), KIND=_KINDS[kind], STAGE=int(stage),
