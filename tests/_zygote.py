@@ -14,7 +14,8 @@ and forks a rank on request. A rank it forks:
 * dies with the zygote (PR_SET_PDEATHSIG), and the zygote kills its ranks and exits when
   the test session goes (end of file on its control socket);
 * leaves the zygote's loop and runs the rank at the top level of this script, so that it
-  ends like any interpreter: atexit handlers and destructors run.
+  ends like any interpreter (the harness's ranks end with os._exit once their group is
+  torn down and their atexit handlers have run: see _harness._child).
 
 The zygote reaps its ranks and reports each exit status, so that the harness sees for a
 forked rank the pid, poll() and wait() it sees for a Popen (ForkedRank). Messages are
