@@ -11,8 +11,10 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
 
   build         pip install --no-build-isolation --no-deps -e . with the CUDA build
   versions      torch, CUDA, NCCL, triton, driver, GPU
-  cuda-tests    tests/test_cuda.py but its layered tests: kernels and collectives on CUDA
-                tensors bit for bit against the CPU path, AVG included
+  cuda-tests    tests/test_cuda.py but its layered and fault tests: kernels and collectives
+                on CUDA tensors bit for bit against the CPU path, AVG included
+  cuda-faults   tests/test_cuda.py's fault tests: a peer of the flag one-shot asleep or
+                killed is reported in time
   triton-tests  tests/test_triton_kernels.py with the kernels compiled for the GPU
   layered       tests/test_cuda.py's layered tests: NCCL moving at 1 rank, gloo moving CUDA
                 tensors at 2 and 4 ranks on the GPU, every codec, both deterministic modes,
@@ -111,7 +113,12 @@ def plan(dry):
         # The steps themselves run one at a time: side by side, Triton's compiles and the
         # ranks' host work outnumbered 16 cores and every step ran several times slower.
         Step("cuda-tests", 130, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
-             tests("tests/test_cuda.py", "-k", "not layered", parallel=["-n", "8"]), env=worlds(130), mps=True),
+             tests("tests/test_cuda.py", "-k", "not layered and not missing_peer", parallel=["-n", "8"]),
+             env=worlds(130), mps=True),
+        # Alone and time-sliced: a killed peer's memory, mapped into a kernel of a rank
+        # that survives, must not fault beside other processes sharing an MPS server.
+        Step("cuda-faults", 60, "tests/test_cuda.py's flag one-shot with a peer asleep or killed: reported in time",
+             tests("tests/test_cuda.py", "-k", "missing_peer"), env=worlds(60)),
         Step("triton-tests", 90, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
              tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
              env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1"), mps=True),

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import gpu_check  # noqa: E402
 
-STEPS = ["build", "versions", "cuda-tests", "triton-tests", "layered", "throughput", "allreduce", "stream-wait",
+STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "allreduce", "stream-wait",
          "sanitizer"]
 
 
@@ -28,7 +28,7 @@ def test_dry_run_plans_and_rehearses_every_step(tmp_path):
     verdicts = {s["name"]: s["verdict"] for s in report["steps"]}
     assert list(verdicts) == STEPS
     assert verdicts["build"].startswith("planned: ") and "--no-build-isolation --no-deps -e ." in verdicts["build"]
-    for name in ("cuda-tests", "layered", "triton-tests", "sanitizer"):
+    for name in ("cuda-tests", "cuda-faults", "layered", "triton-tests", "sanitizer"):
         assert re.match(r"collected: [1-9]\d*(/\d+)? tests? collected", verdicts[name]), (name, verdicts[name])
     for name in ("versions", "throughput", "allreduce", "stream-wait"):
         assert verdicts[name] == "pass", (name, verdicts[name])
