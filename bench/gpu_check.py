@@ -604,7 +604,8 @@ def orchestrate(args, dry):
     start = time.monotonic()
     device = "" if dry else gpu_name()
     stem = os.path.join(args.out, "gpu-%s-check" % ("cpu-dry" if dry else device_slug(device)))
-    report = {"dry": dry, "device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget_s": args.budget,
+    report = {"dry": dry, "device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "budget_s": args.budget,
               "command": ("GPU_CHECK_DRY=1 " if dry else "") + "python bench/gpu_check.py", "versions": {},
               "steps": [], "elapsed_s": 0.0}
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
@@ -668,7 +669,8 @@ def run_step(step, entry, limit, env, stem, log, dry):
             entry["result"] = json.load(f)
         os.remove(record)
     if rc is None:
-        entry["verdict"] = "TIMEOUT after %.0f s" % limit + (": " + pytest_summary(text) if pytest_summary(text) else "")
+        summary = pytest_summary(text)
+        entry["verdict"] = "TIMEOUT after %.0f s" % limit + (": " + summary if summary else "")
     elif rc != 0:
         entry["verdict"] = "FAIL (exit %d): %s" % (
             rc, pytest_summary(text) or (text.strip().splitlines() or ["no output"])[-1][:300])

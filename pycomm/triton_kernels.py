@@ -347,7 +347,11 @@ def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
         tl.store(out + offs, v.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["premul_bits", "world_size"])
+# Scalars never specialized (see _fold_kernel's docstring).
+_SCALARS = ["premul_bits", "world_size"]
+
+
+@triton.jit(do_not_specialize=_SCALARS)
 def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_size, FORMS: tl.constexpr,
                  RUNS: tl.constexpr, KIND: tl.constexpr, STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr,
                  QUANTIZE: tl.constexpr, ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr,
@@ -407,7 +411,7 @@ def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_siz
 # _exact_sum (``- 126``) keeps one live half, and ptxas (12.8 and 12.9, sm_90) assembles
 # such an add.s16x2 with its immediate dropped (VIADD.16x2 R, R, 0x0): wrong bits on the
 # GPU, not in the interpreter. Other counts keep the divisibility specialization.
-_fold_kernel_of_one = triton.jit(do_not_specialize=["n", "premul_bits", "world_size"])(_fold_kernel.fn)
+_fold_kernel_of_one = triton.jit(do_not_specialize=["n", *_SCALARS])(_fold_kernel.fn)
 
 
 @triton.jit

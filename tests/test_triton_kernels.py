@@ -170,7 +170,8 @@ def test_exact_fold_of_a_few_elements_matches_cpu(codec):
                 stage = Stage.FinalEncoded if codec != "none" else Stage.Final
                 out = _output(dtype, n, codec if codec != "none" else "fp16", 64, stage)
                 cpu, tri = _both(out, terms, forms, dtype, n, dist.ReduceOp.SUM, k, True, codec, 64, stage)
-                assert _equal(cpu, tri), (str(dtype), codec, n, k, cpu.view(-1)[:16].tolist(), tri.view(-1)[:16].tolist())
+                assert _equal(cpu, tri), (str(dtype), codec, n, k, cpu.view(-1)[:16].tolist(),
+                                          tri.view(-1)[:16].tolist())
 
 
 def _exchanged(world, rank, dtype, codec, block, n, seed, device):
