@@ -109,19 +109,27 @@ struct Butterfly {
 };
 
 // Frame helpers: one frame of `bytes` to/from a peer; `fill`/`use` work on the slot.
-template <class Fill>
-void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
+// The header of the operation's next frame, the test hooks applied.
+inline FrameHeader next_frame_header(const Context& cx, size_t bytes) {
   if (cx.perturb) cx.perturb->before_send(cx.stamp.seq);
   FrameHeader h;
   h.bytes = static_cast<uint32_t>(bytes);
   h.op = cx.stamp;
   if (cx.fault) cx.fault->before_send(h, cx.abort);  // point "during": may act, or corrupt h
+  return h;
+}
+template <class Fill>
+void send_frame(const Context& cx, int peer, size_t bytes, Fill fill) {
+  const FrameHeader h = next_frame_header(cx, bytes);
   Channel& ch = cx.to(peer);
   void* slot = ch.begin_send(cx.deadline);
   fill(slot);
   ch.end_send(h);
   if (cx.trace) cx.trace->frame(cx.stamp, true, cx.group_rank(peer), bytes);
 }
+// A frame that is a copy of `bytes` at `src` (this context's memory; free on return):
+// from host memory the transport may send it without the copy (Channel::send_host).
+void send_copy(const Context& cx, int peer, size_t bytes, const void* src);
 
 // The payload of the next frame from `peer`, readable in place until end_recv_frame();
 // several peers' frames may be held at once (the reduction of a direct step reads them all).
@@ -203,6 +211,8 @@ struct Wire {
   size_t allreduce_unit() const { return coded() ? spec.block : 1; }
   // `len` elements of a contribution (storage format), as they go on the wire.
   void put(const Context& cx, void* wire, const void* contribution, size_t len) const;
+  // The same, as one frame to `peer`.
+  void send(const Context& cx, int peer, const void* contribution, size_t len) const;
   // A contribution received from the wire, as an operand of a fold.
   Term term(const void* wire) const { return {wire, coded() ? Form::Encoded : Form::Input}; }
   // `len` elements of a result on the wire, into `out` (storage format).

@@ -10,12 +10,16 @@ void FrameTrace::frame(const OpStamp& op, bool sent, int group_peer, size_t byte
            (sent ? "to" : "from") + " rank " + std::to_string(group_peer));
 }
 
+void send_copy(const Context& cx, int peer, size_t bytes, const void* src) {
+  if (cx.ops != &cpu_ops()) return send_frame(cx, peer, bytes, [&](void* slot) { cx.ops->copy(slot, src, bytes); });
+  const FrameHeader h = next_frame_header(cx, bytes);
+  cx.to(peer).send_host(h, src, cx.deadline);
+  if (cx.trace) cx.trace->frame(cx.stamp, true, cx.group_rank(peer), bytes);
+}
+
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes) {
   const auto* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < bytes; off += cx.chunk_bytes) {
-    const size_t len = std::min(cx.chunk_bytes, bytes - off);
-    send_frame(cx, peer, len, [&](void* slot) { cx.ops->copy(slot, p + off, len); });
-  }
+  for (size_t off = 0; off < bytes; off += cx.chunk_bytes) send_copy(cx, peer, std::min(cx.chunk_bytes, bytes - off), p + off);
 }
 
 void recv_bytes(const Context& cx, int peer, void* data, size_t bytes) {

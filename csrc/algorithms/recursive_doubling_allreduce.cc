@@ -50,7 +50,7 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
       continue;
     }
     if (fly.hands_over(r)) {  // hands its contribution over, takes the result back
-      send_frame(cx, r + 1, wire.bytes(len), [&](void* slot) { wire.put(cx, slot, own.data, len); });
+      wire.send(cx, r + 1, own.data, len);
       recv_frame(cx, r + 1, len * es, [&](const void* final) { cx.ops->copy(result, final, len * es); });
       continue;
     }
@@ -63,10 +63,8 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
     }
     for (int d = 1; d < p; d *= 2) {
       const int partner = fly.last_rank(index ^ d);
-      send_frame(cx, partner, frame_bytes(r, d, len), [&](void* slot) {
-        if (mine.form == Form::Input) wire.put(cx, slot, mine.data, len);
-        else cx.ops->copy(slot, mine.data, len * ws);
-      });
+      if (mine.form == Form::Input) wire.send(cx, partner, mine.data, len);
+      else send_copy(cx, partner, len * ws, mine.data);
       const void* got = begin_recv_frame(cx, partner, frame_bytes(partner, d, len));
       const Term theirs = sends_contribution(partner, d) ? wire.term(got) : Term{got, Form::Partial};
       Term terms[2] = {mine, theirs};
@@ -77,7 +75,7 @@ void recursive_doubling_allreduce(const Context& cx, const Request& rq) {
       end_recv_frame(cx, partner);
       mine = {partial, Form::Partial};
     }
-    if (fly.takes_pair(r)) send_frame(cx, r - 1, len * es, [&](void* slot) { cx.ops->copy(slot, result, len * es); });
+    if (fly.takes_pair(r)) send_copy(cx, r - 1, len * es, result);
   }
 }
 

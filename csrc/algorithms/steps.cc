@@ -29,6 +29,11 @@ void Wire::put(const Context& cx, void* wire, const void* contribution, size_t l
   cx.ops->reduce_terms(spec, Stage::Encoded, wire, &t, 1, len);
 }
 
+void Wire::send(const Context& cx, int peer, const void* contribution, size_t len) const {
+  if (!coded()) return send_copy(cx, peer, len * es, contribution);
+  send_frame(cx, peer, bytes(len), [&](void* slot) { put(cx, slot, contribution, len); });
+}
+
 void Wire::take(const Context& cx, void* out, const void* wire, size_t len) const {
   if (!coded()) return cx.ops->copy(out, wire, len * es);
   const Term t{wire, Form::Encoded};
@@ -46,12 +51,12 @@ void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, 
     char* const sent = cx.workspace->get(Scratch::Sent, wire.bytes(len));
     wire.put(cx, sent, in + first * wire.es, len);
     for (int k = 1; k < n && len; ++k)
-      send_frame(cx, mod(r + k, n), wire.bytes(len), [&](void* slot) { cx.ops->copy(slot, sent, wire.bytes(len)); });
+      send_copy(cx, mod(r + k, n), wire.bytes(len), sent);
   } else {
     for (int k = 1; k < n; ++k) {  // rank r+1 first: peers are not all served in the same order
       const int s = mod(r + k, n);
       chunks.piece(everyones ? 0 : s, c, first, len);
-      if (len) send_frame(cx, s, wire.bytes(len), [&](void* slot) { wire.put(cx, slot, in + first * wire.es, len); });
+      if (len) wire.send(cx, s, in + first * wire.es, len);
     }
   }
   chunks.piece(everyones ? 0 : r, c, first, len);
@@ -73,7 +78,7 @@ void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks
   chunks.piece(r, c, first, len);
   if (len)
     for (int k = 1; k < n; ++k)
-      send_frame(cx, mod(r + k, n), wire.bytes(len), [&](void* slot) { cx.ops->copy(slot, mine, wire.bytes(len)); });
+      send_copy(cx, mod(r + k, n), wire.bytes(len), mine);
   for (int k = 1; k < n; ++k) {
     const int p = mod(r - k, n);
     chunks.piece(p, c, first, len);
@@ -89,14 +94,14 @@ void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& 
   auto* buf = static_cast<char*>(out);
   size_t first, len;
   chunks.piece(r, c, first, len);
-  if (len) send_frame(cx, right, wire.bytes(len), [&](void* slot) { cx.ops->copy(slot, mine, wire.bytes(len)); });
+  if (len) send_copy(cx, right, wire.bytes(len), mine);
   for (int k = 0; k <= n - 2; ++k) {  // step k: segment r-1-k arrives from the left
     chunks.piece(mod(r - 1 - k, n), c, first, len);
     if (!len) continue;
     recv_frame(cx, left, wire.bytes(len), [&](const void* data) {
       wire.take(cx, buf + first * wire.es, data, len);
       if (k < n - 2)
-        send_frame(cx, right, wire.bytes(len), [&](void* slot) { cx.ops->copy(slot, data, wire.bytes(len)); });
+        send_copy(cx, right, wire.bytes(len), data);
     });
   }
 }

@@ -170,6 +170,7 @@ class TcpChannel final : public Channel {
   size_t chunk_bytes() const override { return chunk_; }
   void* begin_send(const Deadline& deadline) override;
   void end_send(const FrameHeader& header) override;
+  void send_host(const FrameHeader& header, const void* data, const Deadline& deadline) override;
   const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override;
   void end_recv() override;
   std::optional<FrameHeader> peek_recv() override;
@@ -513,6 +514,48 @@ void TcpChannel::end_send(const FrameHeader& header) {
   h.kind = static_cast<uint16_t>(FrameKind::Data);
   ++committed_;
   if (movable() && !t_->aborted()) write_some();
+  if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
+}
+
+// A frame with nothing queued ahead of it goes to the socket from `data`; only what the
+// socket does not take at once is copied into the slot (under mu_, so that nothing can
+// write the rest of the frame from a slot not yet filled), for write_some() to continue
+// from out_off_.
+void TcpChannel::send_host(const FrameHeader& header, const void* data, const Deadline& deadline) {
+  if (header.bytes > chunk_)
+    fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) +
+                                  " bytes exceeds the TCP chunk of " + std::to_string(chunk_));
+  Lock lk(mu_);
+  want_connection_locked();
+  wait(lk, deadline, "send to", true, [&] {
+    return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
+  });
+  FrameHeader& h = out_hdr_[committed_ % depth_];
+  h = header;
+  h.magic = kFrameMagic;
+  h.kind = static_cast<uint16_t>(FrameKind::Data);
+  const size_t frame = kHeaderBytes + header.bytes;
+  size_t sent = 0;
+  if (written_ == committed_ && movable() && !t_->aborted()) {
+    iovec iov[2] = {{&h, kHeaderBytes}, {const_cast<void*>(data), header.bytes}};
+    const ssize_t n = send_pieces(sock_.get(), iov, header.bytes > 0 ? 2 : 1);
+    if (n < 0) {
+      ++committed_;
+      return socket_error(static_cast<int>(-n));
+    }
+    sent = static_cast<size_t>(n);
+  }
+  ++committed_;
+  if (sent == frame) {
+    ++written_;
+    changed();
+    return;
+  }
+  const size_t payload_sent = sent > kHeaderBytes ? sent - kHeaderBytes : 0;
+  std::memcpy(out_slot(committed_ - 1) + payload_sent, static_cast<const char*>(data) + payload_sent,
+              header.bytes - payload_sent);
+  if (sent > 0) out_off_ = sent;  // of frame written_: this one
+  else if (movable() && !t_->aborted()) write_some();  // frames queued ahead of it, then it
   if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
 }
 

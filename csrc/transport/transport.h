@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,15 @@ class Channel {
   virtual void* begin_send(const Deadline& deadline) = 0;
   // Publishes the slot from begin_send(); `header.bytes` payload bytes were written.
   virtual void end_send(const FrameHeader& header) = 0;
+  // One frame of `header.bytes` bytes of host memory at `data`, which may be reused on
+  // return: what begin_send(), a copy into the slot and end_send() do (this default). A
+  // transport may hand the bytes on from `data` without the copy (TCP: what the socket
+  // takes at once).
+  virtual void send_host(const FrameHeader& header, const void* data, const Deadline& deadline) {
+    void* slot = begin_send(deadline);
+    std::memcpy(slot, data, header.bytes);
+    end_send(header);
+  }
   // The payload of the next inbound frame, whatever operation it belongs to, its header
   // in `got` as it arrived: the caller checks it (as check_frame does) before it trusts
   // the payload.
