@@ -19,12 +19,12 @@ void chain_broadcast(const Context& cx, const Request& rq) {
   for (size_t off = 0; off < bytes; off += cx.chunk_bytes) {
     const size_t len = std::min(cx.chunk_bytes, bytes - off);
     if (pos == 0) {
-      send_frame(cx, next, len, [&](void* slot) { cx.ops->copy(slot, buf + off, len); });
+      send_copy(cx, next, len, buf + off);
       continue;
     }
     recv_frame(cx, prev, len, [&](const void* data) {
       cx.ops->copy(buf + off, data, len);
-      if (pos < n - 1) send_frame(cx, next, len, [&](void* slot) { cx.ops->copy(slot, data, len); });
+      if (pos < n - 1) send_copy(cx, next, len, data);
     });
   }
 }

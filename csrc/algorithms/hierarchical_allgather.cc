@@ -56,7 +56,7 @@ void hierarchical_allgather(const Context& cx, const Request& rq) {
       for (size_t off = 0; off < len; off += chunk) {
         const size_t bytes = std::min(chunk, len - off) * es, at = begin + off;
         for (int k = 1; k < L; ++k)
-          send_frame(intra, mod(local + k, L), bytes, [&](void* slot) { cx.ops->copy(slot, mine + off * es, bytes); });
+          send_copy(intra, mod(local + k, L), bytes, mine + off * es);
         cx.ops->copy(out + (on_node[local] * count + at) * es, mine + off * es, bytes);
         for (int k = 1; k < L; ++k) {
           const int p = mod(local - k, L);

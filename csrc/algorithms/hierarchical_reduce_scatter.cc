@@ -58,7 +58,7 @@ void hierarchical_reduce_scatter(const Context& cx, const Request& rq) {
         const size_t n = std::min(chunk, len - off), bytes = n * es, at = begin + off;
         for (int k = 1; k < L; ++k) {  // local rank local+1 first: peers are not all served in the same order
           const int p = mod(local + k, L);
-          send_frame(intra, p, bytes, [&](void* slot) { cx.ops->copy(slot, in + (on_node[p] * count + at) * es, bytes); });
+          send_copy(intra, p, bytes, in + (on_node[p] * count + at) * es);
         }
         for (int q = 0; q < L; ++q)
           terms[q] = q == local ? Term{in + (on_node[local] * count + at) * es, Form::Input}

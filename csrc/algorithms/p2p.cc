@@ -45,7 +45,7 @@ void p2p_send(const Context& cx, const Request& rq) {
   size_t off = 0;
   do {  // an empty message is one empty frame, so that its recv is matched like any other
     const size_t len = std::min(cx.chunk_bytes, bytes - off);
-    send_frame(cx, rq.root, len, [&](void* slot) { cx.ops->copy(slot, p + off, len); });
+    send_copy(cx, rq.root, len, p + off);
     off += len;
   } while (off < bytes);
 }

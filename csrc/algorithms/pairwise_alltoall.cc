@@ -30,7 +30,7 @@ void pairwise_alltoall(const Context& cx, const Request& rq) {
       if (off < send) {
         const size_t len = std::min(cx.chunk_bytes, send - off);
         pair.stamp.count = rq.send_counts[dst];
-        send_frame(pair, dst, len, [&](void* slot) { cx.ops->copy(slot, in + send_off[dst] * es + off, len); });
+        send_copy(pair, dst, len, in + send_off[dst] * es + off);
       }
       if (off < recv) {
         const size_t len = std::min(cx.chunk_bytes, recv - off);

@@ -92,7 +92,7 @@ void tree_allreduce(const Context& cx, const Request& rq) {
         cx.ops->reduce_terms(decode, Stage::Final, piece, &encoded, 1, len);
       }
       for (int child : t.child)
-        if (child >= 0) send_frame(cx, child, bytes, [&](void* slot) { cx.ops->copy(slot, down, bytes); });
+        if (child >= 0) send_copy(cx, child, bytes, down);
     }
   }
 }
