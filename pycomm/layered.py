@@ -109,11 +109,16 @@ def kernels_for(device):
         if device.type == "cuda" and not _C.has_cuda:
             raise ValueError("pycomm: PYCOMM_KERNELS=cuda, and this pycomm was built without CUDA kernels")
         return _C.fold
+    return _triton_fold("CUDA tensors need pycomm's CUDA build or its Triton kernels")
+
+
+def _triton_fold(need):
+    """The Triton kernels' fold; a ValueError that says ``need`` where triton is missing."""
     try:
         from . import triton_kernels
     except ImportError as e:
-        raise ValueError("pycomm: CUDA tensors need pycomm's CUDA build or its Triton kernels, and triton cannot be "
-                         f"imported ({e}); install it, e.g. pip install 'pycomm[triton]'") from e
+        raise ValueError(f"pycomm: {need}, and triton cannot be imported ({e}); install it, e.g. "
+                         "pip install 'pycomm[triton]'") from e
     return triton_kernels.fold
 
 
@@ -130,7 +135,7 @@ def terms_per_fold(kernel, device):
     slices, each slice's accumulation handed to the next as a partial term: the same bits
     as one fold, since terms fold left in order and a partial holds the accumulation
     exactly. Exact mode rounds its sum once over every term, so it cannot be sliced: past
-    this many ranks it is refused with those kernels."""
+    this many ranks its folds run on the Triton kernel, which gives the same bits."""
     return CUDA_FOLD_TERMS if device.type == "cuda" and kernel is _C.fold else None
 
 
@@ -197,9 +202,13 @@ class _Call:
         self.rank, self.size = self.record.rank, self.record.size
         if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \
                 and _C.reduction(op, like.dtype)[0] in ("sum", "avg", "premul_sum"):
-            raise ValueError(f"pycomm: exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels "
-                             f"take at most {self.terms_per_fold}, and this group has {self.size} ranks; "
-                             "PYCOMM_KERNELS=triton folds any number")
+            why = (f"exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels take at most "
+                   f"{self.terms_per_fold}, and this group has {self.size} ranks")
+            if PARTIAL_DTYPES.get(like.dtype, like.dtype) != torch.float32:
+                raise ValueError(f"pycomm: {why}; the Triton kernel, which folds any number, has no exact mode for "
+                                 f"{like.dtype} (it adds in 128-bit integers)")
+            self.kernel = _triton_fold(why)
+            self.terms_per_fold = None
         self.algorithm = f"{ALGORITHM} over {self.record.mover}"
         self.collective, self.seq = collective, next(self.record.seq)
         self.id = self.record.recorder.begin(collective, self.seq, like.dtype, count, op, self.codec, self.block,
