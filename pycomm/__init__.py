@@ -15,20 +15,26 @@ import torch.distributed as dist
 
 from . import _C, layered
 
-__all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs", "ReduceOp",
-           "stats", "flight_recorder", "dump_flight_recorder",
+__all__ = ["ProcessGroupPycomm", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs",
+           "ReduceOp", "stats", "flight_recorder", "dump_flight_recorder",
            "CODECS", "encode", "decode", "quantize", "compression_error", "exact_data_parallel"]
 
 ReduceOp = dist.ReduceOp
 BACKEND_NAME = "pycomm"
 
 
+# A group built from a store, without init_process_group (as torch's ProcessGroupGloo):
+# ProcessGroupPycomm(store, rank, size, timeout=timedelta(minutes=30), group_name="pycomm"),
+# for libraries that make their own groups (torchft). Its collectives are torch's Backend
+# API: pg.allreduce([t]).wait().
+ProcessGroupPycomm = _C.ProcessGroupPycomm
+
+
 def _create_backend(dist_opts, backend_opts):
     timeout = dist_opts.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    backend = _C.ProcessGroupPycomm(
-        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, seconds, str(dist_opts.group_id)
-    )
+    backend = ProcessGroupPycomm(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, seconds,
+                                 str(dist_opts.group_id))
     devices = _devices_of_pycomm_group(sys._getframe(1))
     if devices:
         return _C.PycommProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, backend, devices)

@@ -269,6 +269,34 @@ def test_init_method(init):
     assert results == [exp, exp]
 
 
+def public_constructor_world(rank, ws):
+    """A pycomm group and a gloo group built from a store, as libraries that make their own
+    groups do (torchft), without init_process_group: the same results through torch's
+    Backend API."""
+    import pycomm
+
+    store = dist.distributed_c10d._get_default_store()
+    built = {"pycomm": pycomm.ProcessGroupPycomm(dist.PrefixStore("own-pycomm", store), rank, ws, WAIT),
+             "gloo": dist.ProcessGroupGloo(dist.PrefixStore("own-gloo", store), rank, ws, WAIT)}
+    got = {}
+    for name, pg in built.items():
+        assert pg.rank() == rank and pg.size() == ws, name
+        t = torch.arange(6, dtype=torch.float32) * (rank + 1)
+        pg.allreduce([t]).wait()
+        b = torch.full((3,), float(rank))
+        pg.broadcast([b], dist.BroadcastOptions()).wait()  # from rank 0
+        gathered = [[torch.zeros(2) for _ in range(ws)]]
+        pg.allgather(gathered, [torch.full((2,), float(rank))]).wait()
+        got[name] = [t.tolist(), b.tolist(), [g.tolist() for g in gathered[0]]]
+    return got
+
+
+def test_public_constructor_builds_a_group_without_init_process_group():
+    for rank, got in enumerate(run_world(public_constructor_world, 3, timeout=60)):
+        assert got["pycomm"] == got["gloo"], (rank, got)
+        assert got["pycomm"][0] == [float(6 * i) for i in range(6)]
+
+
 # --------------------------------------------------------------------------------------
 # torchrun
 # --------------------------------------------------------------------------------------

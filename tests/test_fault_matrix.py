@@ -418,7 +418,7 @@ def _one_rank_group(monkeypatch, spec):
     import pycomm
 
     monkeypatch.setenv("PYCOMM_FAULT", spec)
-    return pycomm._C.ProcessGroupPycomm(dist.HashStore(), 0, 1, 5.0, "fault-spec")
+    return pycomm.ProcessGroupPycomm(dist.HashStore(), 0, 1, 5.0, "fault-spec")
 
 
 @pytest.mark.parametrize("spec", list(BAD_SPECS))

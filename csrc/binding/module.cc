@@ -1,5 +1,6 @@
 // The Python module pycomm._C: the backend class, its creator, and the direct API. A
 // CUDA build (setup.py defines PYCOMM_WITH_CUDA) registers the CUDA runtime here.
+#include <pybind11/chrono.h>
 #include <torch/python.h>
 
 #include "core/config.h"
@@ -70,14 +71,18 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.attr("has_cuda") = pycomm::has_device_runtime();
 
+  // Public as pycomm.ProcessGroupPycomm, in the shape of torch's ProcessGroupGloo: a group of
+  // `size` ranks meeting through `store` (keys of their own: several groups may share it),
+  // `timeout` a timedelta or seconds.
   py::class_<ProcessGroupPycomm, c10d::Backend, c10::intrusive_ptr<ProcessGroupPycomm>>(m, "ProcessGroupPycomm")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
-                       const std::string& group_name) {
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::duration<double> timeout, const std::string& group_name) {
+             TORCH_CHECK_VALUE(timeout.count() > 0, "pycomm: timeout must be positive, got ", timeout.count(), " s");
              return c10::make_intrusive<ProcessGroupPycomm>(
-                 store, rank, size, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), group_name);
+                 store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), group_name);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_s"), py::arg("group_name"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = std::chrono::duration<double>(1800),
+           py::arg("group_name") = "pycomm", py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports)
       .def("_stats_json", &ProcessGroupPycomm::stats_json)
       .def("_flight_recorder_json", &ProcessGroupPycomm::flight_recorder_json)
