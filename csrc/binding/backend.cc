@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "binding/codecs.h"
 #include "binding/store_adapter.h"
@@ -168,7 +169,7 @@ at::Tensor Launch::out_split(const std::vector<at::Tensor>& parts, const at::Ten
 
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, const std::string& group_name)
-    : Backend(rank, size) {
+    : Backend(rank, size), torch_store_(store), group_name_(group_name) {
   guard([&] {
     store_ = std::make_unique<TorchStore>(store);
     comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, Config::from_env());
@@ -208,6 +209,27 @@ std::string ProcessGroupPycomm::dump_flight_recorder(const std::string& path) co
 void ProcessGroupPycomm::abort() {
   if (comm_) comm_->abort("pycomm: group aborted by the application");
 }
+c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                             int shrink_flags,
+                                                             const c10::intrusive_ptr<Options>& opts_override) {
+  TORCH_CHECK_VALUE(comm_, "pycomm: shrink of a group that was shut down");
+  std::vector<bool> excluded(getSize(), false);
+  for (int64_t r : ranks_to_exclude) {
+    TORCH_CHECK_VALUE(r >= 0 && r < getSize(), "pycomm: shrink: rank ", r, " is not in this group of ", getSize());
+    excluded[r] = true;
+  }
+  TORCH_CHECK_VALUE(!excluded[getRank()], "pycomm: shrink: rank ", getRank(), " is excluded, so it must not call shrink");
+  constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+  if (shrink_flags & kShrinkAbort) comm_->abort("pycomm: group aborted to shrink it");
+  const int rank = static_cast<int>(std::count(excluded.begin(), excluded.begin() + getRank(), false));
+  const int size = static_cast<int>(std::count(excluded.begin(), excluded.end(), false));
+  const auto timeout = opts_override ? opts_override->timeout : comm_->timeout();
+  // Every survivor of this instance counts its shrinks alike, so they meet under one prefix.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      comm_->key_prefix() + "/shrink/" + std::to_string(++shrinks_), torch_store_);
+  return c10::make_intrusive<ProcessGroupPycomm>(store, rank, size, timeout, group_name_ + ":shrunk");
+}
+
 // Runs what was submitted, then releases threads, sockets and shared memory now rather
 // than when the last Python reference goes. The group cannot be used afterwards.
 void ProcessGroupPycomm::shutdown() {

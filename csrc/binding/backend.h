@@ -87,6 +87,15 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override;
   void abort() override;
   void shutdown() override;
+  // torch.distributed.shrink_group: the group of the ranks not excluded, renumbered in
+  // rank order, on transports of the same kinds, built through this group's store under
+  // keys of its own. Only those ranks call it, each with the same ranks; it needs nothing
+  // of this group but its store, so a group that a dead peer poisoned shrinks too.
+  // SHRINK_ABORT first aborts what runs here. Leaves this group as it was (torch destroys
+  // it next, which releases what it holds of the excluded ranks).
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& opts_override) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -152,6 +161,9 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // Runs `l` and completes `work` with its outcome.
   void complete(PycommWork& work, Launch& l);
 
+  c10::intrusive_ptr<c10d::Store> torch_store_;  // what store_ reads and writes; a shrink's too
+  std::string group_name_;
+  int shrinks_ = 0;               // of this group: each one's keys are its own
   std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes

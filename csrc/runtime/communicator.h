@@ -39,6 +39,8 @@ class Communicator {
   int size() const { return size_; }
   const Config& config() const { return config_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // The store keys of this group instance begin with it (distinct for every instance).
+  const std::string& key_prefix() const { return prefix_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
   // Rejects a malformed request on the calling thread (InvalidArgument), before anything
