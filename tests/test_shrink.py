@@ -60,3 +60,69 @@ def test_survivors_shrink_to_a_working_group(transport, killed, subgroup):
         assert got["equal"] and got["x"] == want.tolist(), rank
         if killed:
             assert got["failed"] and "rank 3" in got["failed"], got["failed"]
+
+
+# ---- recovery with unchanged bits ----
+
+STEPS = 10
+MICRO_BATCHES = 12  # the global batch of every step
+KILLED_AT = 5       # the step during whose gradient reduction rank GONE is SIGKILLed
+
+
+def recovery_world(rank, ws, kill_at, clock_file):
+    """exact_data_parallel training of STEPS steps on the global batch of MICRO_BATCHES
+    micro-batches, each rank computing its contiguous share. Where ``kill_at`` is set, rank
+    GONE dies as the step's gradient reduction starts; the survivors catch the error, shrink
+    the default group, rebuild the accumulator on it, redo the step with the same global
+    batch over the ranks left, and go on. Returns the parameters' digest after every step
+    and, on a survivor, the seconds from the kill to the end of the first step redone."""
+    from test_exact_data_parallel import _digest, _micro_batch, _model
+
+    import pycomm
+
+    torch.set_num_threads(1)  # the same local kernels whatever the number of processes
+    model = _model("mlp")
+    edp = pycomm.exact_data_parallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    digests, resumed_s, step = [], None, 0
+    while step < STEPS:
+        r, n = dist.get_rank(), dist.get_world_size()
+        for m in range(r * MICRO_BATCHES // n, (r + 1) * MICRO_BATCHES // n):
+            x, y = _micro_batch("mlp", step, m)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        if step == kill_at and rank == GONE:
+            with open(clock_file, "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            edp.reduce_gradients()
+        except dist.DistBackendError as e:
+            assert step == kill_at and f"rank {GONE} (pid" in str(e), (step, str(e))
+            dist.shrink_group([GONE], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+            edp.remove()  # its state holds the failed step's share: start afresh on the new group
+            edp = pycomm.exact_data_parallel(model, broadcast_parameters=False)
+            opt.zero_grad()
+            continue  # the same step again, its batch shared by the ranks left
+        opt.step()
+        opt.zero_grad()
+        digests.append(_digest(model))
+        if step == kill_at and kill_at is not None and resumed_s is None and dist.get_world_size() < ws:
+            with open(clock_file) as f:
+                resumed_s = time.time() - float(f.read())
+        step += 1
+    return digests, resumed_s
+
+
+def test_recovery_after_a_lost_rank_keeps_the_bits_of_the_uninterrupted_run(tmp_path):
+    clock = str(tmp_path / "killed-at")
+    one = run_world(recovery_world, 1, args=(None, clock), timeout=120)[0][0]
+    four = run_world(recovery_world, WS, args=(None, clock), timeout=120)
+    recovered = run_world(recovery_world, WS, args=(KILLED_AT, clock), expect_killed=(GONE,), timeout=120,
+                          pg_timeout=30)
+    assert all(digests == one for digests, _ in four), "4 ranks differ from 1"
+    for rank, (digests, resumed_s) in enumerate(recovered[:GONE]):
+        assert len(digests) == STEPS
+        assert digests == one, f"rank {rank}: parameters differ from the uninterrupted run after step " \
+            f"{next(i for i, (a, b) in enumerate(zip(digests, one)) if a != b)}"
+        assert resumed_s is not None
+        print(f"rank {rank}: from the kill to the end of the redone step on the shrunk group: {resumed_s:.3f} s")
