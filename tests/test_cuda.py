@@ -6,7 +6,8 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
   quantize) on CUDA tensors give the CPU's bits, for every dtype and op, exact mode
   included, on data with subnormals, infinities and NaN;
 * collectives on CUDA tensors (2 and 4 ranks on one GPU) give the right values, through
-  torch.distributed and the direct API, for every collective;
+  torch.distributed and the direct API, for every collective, and on a group shrunk to
+  its survivors;
 * the same all-reduce on CUDA and on CPU copies of the inputs, in the same processes,
   gives identical bits in both deterministic modes, with and without compression, for
   every algorithm; also with the CUDA frames staged through TCP and with 2 nodes of 2;
@@ -206,6 +207,28 @@ def every_collective(rank, ws):
 @pytest.mark.parametrize("ws", [2, 4])
 def test_every_collective_on_cuda(ws):
     for problems in run_world(every_collective, ws, timeout=240):
+        assert not problems, problems
+
+
+def shrink_on_cuda(rank, ws):
+    """The last rank leaves; the others shrink the default group and all-reduce CUDA
+    tensors on the new group's pycomm backend. (torch registers a shrunk group's backend
+    for the device the old group was bound to, init_process_group(device_id=...), else for
+    the CPU: the backend itself serves CUDA memory either way.)"""
+    dev = torch.device("cuda", 0)
+    t = torch.full((1000,), rank + 1.0, device=dev)
+    dist.all_reduce(t)
+    if rank == ws - 1:
+        return []
+    new = dist.shrink_group([ws - 1])
+    x = torch.full((1 << 20,), rank + 1.0, device=dev)
+    new._get_backend(torch.device("cpu")).allreduce([x]).wait()
+    want = (ws - 1) * ws / 2
+    return [] if torch.equal(x.cpu(), torch.full((1 << 20,), want)) else [("shrunk", x[:4].tolist(), want)]
+
+
+def test_shrink_group_on_cuda():
+    for problems in run_world(shrink_on_cuda, 3, timeout=120):
         assert not problems, problems
 
 
