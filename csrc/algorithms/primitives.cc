@@ -19,7 +19,8 @@ void send_copy(const Context& cx, int peer, size_t bytes, const void* src) {
 
 void send_bytes(const Context& cx, int peer, const void* data, size_t bytes) {
   const auto* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < bytes; off += cx.chunk_bytes) send_copy(cx, peer, std::min(cx.chunk_bytes, bytes - off), p + off);
+  for (size_t off = 0; off < bytes; off += cx.chunk_bytes)
+    send_copy(cx, peer, std::min(cx.chunk_bytes, bytes - off), p + off);
 }
 
 void recv_bytes(const Context& cx, int peer, void* data, size_t bytes) {

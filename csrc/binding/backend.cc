@@ -209,6 +209,7 @@ std::string ProcessGroupPycomm::dump_flight_recorder(const std::string& path) co
 void ProcessGroupPycomm::abort() {
   if (comm_) comm_->abort("pycomm: group aborted by the application");
 }
+
 c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<int64_t>& ranks_to_exclude,
                                                              int shrink_flags,
                                                              const c10::intrusive_ptr<Options>& opts_override) {
@@ -218,7 +219,8 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<i
     TORCH_CHECK_VALUE(r >= 0 && r < getSize(), "pycomm: shrink: rank ", r, " is not in this group of ", getSize());
     excluded[r] = true;
   }
-  TORCH_CHECK_VALUE(!excluded[getRank()], "pycomm: shrink: rank ", getRank(), " is excluded, so it must not call shrink");
+  TORCH_CHECK_VALUE(!excluded[getRank()], "pycomm: shrink: rank ", getRank(),
+                    " is excluded, so it must not call shrink");
   constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
   if (shrink_flags & kShrinkAbort) comm_->abort("pycomm: group aborted to shrink it");
   const int rank = static_cast<int>(std::count(excluded.begin(), excluded.begin() + getRank(), false));

@@ -30,18 +30,21 @@
 // the socket takes without blocking, and the I/O thread writes the rest once the socket
 // has room (a hand-off of every large frame to the I/O thread, so that its copy into the
 // kernel could overlap the sender's next chunk, cost 1.3-1.6x in time where ranks share
-// cores: a context switch per frame and the slot's lines read on another core). Input is read by the thread that waits for it: a receive reads its
-// socket itself, spinning and then sleeping in poll() on that socket, so that an arrival
-// wakes the one thread that wants it (an I/O thread woken for every arrival as well costs
-// a context switch per frame, about half the time of a small exchange where ranks share
-// cores). Until a receive comes, frames wait in the kernel's socket buffer. The I/O thread
-// reads a socket only for a recv from any source (which sleeps on the doorbell, see
-// below), and when the peer closes its side. The mutex guards the counters, the
-// partial-frame offsets, the socket and the failure state, and orders slot contents with
-// the counters. When no inbound slot is free nobody reads that socket, so TCP's flow
-// control is the back-pressure. A frame in an outbound slot counts as sent: a sender
-// blocks only when all `pipeline_depth` of its slots wait for the kernel, so algorithms get
-// at least the shared-memory transport's depth of frames in flight per pair.
+// cores: a context switch per frame and the slot's lines read on another core).
+// send_host() goes further: it writes from the caller's memory, and only what the socket
+// does not take is copied into the slot. Input is read by the thread that waits for it: a
+// receive reads its socket itself, spinning and then sleeping in poll() on that socket,
+// so that an arrival wakes the one thread that wants it (an I/O thread woken for every
+// arrival as well costs a context switch per frame, about half the time of a small
+// exchange where ranks share cores). Until a receive comes, frames wait in the kernel's
+// socket buffer. The I/O thread reads a socket only for a recv from any source (which
+// sleeps on the doorbell, see below), and when the peer closes its side. The mutex guards
+// the counters, the partial-frame offsets, the socket and the failure state, and orders
+// slot contents with the counters. When no inbound slot is free nobody reads that socket,
+// so TCP's flow control is the back-pressure. A frame in an outbound slot counts as sent:
+// a sender blocks only when all `pipeline_depth` of its slots wait for the kernel, so
+// algorithms get at least the shared-memory transport's depth of frames in flight per
+// pair.
 //
 // The I/O thread. Connected sockets are registered once with an epoll instance, edge
 // triggered, for output and the peer's close; input is added to a socket's events only
