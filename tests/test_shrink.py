@@ -4,6 +4,7 @@ over shared memory and over TCP; exact collectives run on it; shrinking the defa
 makes the new one the default; nothing is left behind (conftest checks /dev/shm)."""
 
 import os
+import re
 import signal
 import time
 
@@ -43,8 +44,19 @@ def shrink_world(rank, ws, killed, subgroup):
         dist.all_reduce(y, group=new)
     else:  # the new group is the default one: a group of its ranks works like it
         dist.all_reduce(y, group=dist.new_group([0, 1, 2]))
+    pids = [None] * new.size()
+    dist.all_gather_object(pids, os.getpid(), group=new)
     return {"rank": new.rank(), "size": new.size(), "default": dist.get_world_size(), "failed": failed,
-            "x": x.tolist(), "equal": torch.equal(x, y), "shrink_s": shrink_s}
+            "x": x.tolist(), "equal": torch.equal(x, y), "shrink_s": shrink_s, "held": _held_of_others(pids)}
+
+
+def _held_of_others(pids):
+    """What this process still holds of processes outside ``pids``: mappings of their
+    shared-memory segments, pidfds beyond one per peer in ``pids``."""
+    mapped = {int(p) for p in re.findall(r"/pycomm-(\d+)-", open("/proc/self/maps").read())}
+    links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+             if os.path.exists(f"/proc/self/fd/{fd}")]
+    return {"segments of": sorted(mapped - set(pids)), "pidfds": sum("pidfd" in link for link in links)}
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -58,6 +70,10 @@ def test_survivors_shrink_to_a_working_group(transport, killed, subgroup):
     for rank, got in enumerate(results[:GONE]):
         assert (got["rank"], got["size"], got["default"]) == (rank, WS - 1, WS if subgroup else WS - 1), got
         assert got["equal"] and got["x"] == want.tolist(), rank
+        if not subgroup:  # the old group, destroyed, held the only resources of the lost rank
+            # Left: one pidfd per peer of each live group (the new default one and the
+            # group made on it) where they share memory, none over TCP.
+            assert got["held"]["segments of"] == [] and got["held"]["pidfds"] <= 2 * (WS - 2), got["held"]
         if killed:
             assert got["failed"] and "rank 3" in got["failed"], got["failed"]
 
@@ -66,16 +82,17 @@ def test_survivors_shrink_to_a_working_group(transport, killed, subgroup):
 
 STEPS = 10
 MICRO_BATCHES = 12  # the global batch of every step
-KILLED_AT = 5       # the step during whose gradient reduction rank GONE is SIGKILLed
+KILLED_AT = 5       # the step in whose gradient reduction rank GONE is SIGKILLed
 
 
 def recovery_world(rank, ws, kill_at, clock_file):
     """exact_data_parallel training of STEPS steps on the global batch of MICRO_BATCHES
     micro-batches, each rank computing its contiguous share. Where ``kill_at`` is set, rank
-    GONE dies as the step's gradient reduction starts; the survivors catch the error, shrink
-    the default group, rebuild the accumulator on it, redo the step with the same global
-    batch over the ranks left, and go on. Returns the parameters' digest after every step
-    and, on a survivor, the seconds from the kill to the end of the first step redone."""
+    GONE dies in that step's gradient reduction (PYCOMM_FAULT, between its two
+    all-reduces); the survivors catch the error, shrink the default group, rebuild the
+    accumulator on it, redo the step with the same global batch over the ranks left, and
+    go on. Returns the parameters' digest after every step and, on a survivor, the seconds
+    from rank GONE entering the reduction it dies in to the end of the step redone."""
     from test_exact_data_parallel import _digest, _micro_batch, _model
 
     import pycomm
@@ -90,10 +107,9 @@ def recovery_world(rank, ws, kill_at, clock_file):
         for m in range(r * MICRO_BATCHES // n, (r + 1) * MICRO_BATCHES // n):
             x, y = _micro_batch("mlp", step, m)
             torch.nn.functional.mse_loss(model(x), y).backward()
-        if step == kill_at and rank == GONE:
+        if step == kill_at and rank == GONE:  # PYCOMM_FAULT kills it in the reduction below
             with open(clock_file, "w") as f:
                 f.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
         try:
             edp.reduce_gradients()
         except dist.DistBackendError as e:
@@ -117,8 +133,14 @@ def test_recovery_after_a_lost_rank_keeps_the_bits_of_the_uninterrupted_run(tmp_
     clock = str(tmp_path / "killed-at")
     one = run_world(recovery_world, 1, args=(None, clock), timeout=120)[0][0]
     four = run_world(recovery_world, WS, args=(None, clock), timeout=120)
+    # The group's operations: a broadcast per parameter (the accumulator's start), then two
+    # all-reduces per step (the bins' MAX, then their SUM). Rank GONE dies before its first
+    # frame of step KILLED_AT's SUM, the MAX of that step done.
+    from test_exact_data_parallel import _model
+
+    seq = len(list(_model("mlp").parameters())) + 2 * KILLED_AT + 2
     recovered = run_world(recovery_world, WS, args=(KILLED_AT, clock), expect_killed=(GONE,), timeout=120,
-                          pg_timeout=30)
+                          pg_timeout=30, env={"PYCOMM_FAULT": f"{GONE}:allreduce:{seq}:during:kill"})
     assert all(digests == one for digests, _ in four), "4 ranks differ from 1"
     for rank, (digests, resumed_s) in enumerate(recovered[:GONE]):
         assert len(digests) == STEPS
@@ -126,3 +148,23 @@ def test_recovery_after_a_lost_rank_keeps_the_bits_of_the_uninterrupted_run(tmp_
             f"{next(i for i, (a, b) in enumerate(zip(digests, one)) if a != b)}"
         assert resumed_s is not None
         print(f"rank {rank}: from the kill to the end of the redone step on the shrunk group: {resumed_s:.3f} s")
+
+
+def disagreeing_world(rank, ws):
+    """Survivors that name different ranks to exclude (rank 2 also excludes rank 1)."""
+    dist.all_reduce(torch.ones(4))
+    if rank == GONE:
+        return None
+    try:
+        dist.shrink_group([1, GONE] if rank == 2 else [GONE])
+        return "shrunk"
+    except (dist.DistBackendError, ValueError) as e:
+        return str(e)
+
+
+def test_survivors_that_disagree_on_the_excluded_ranks_get_an_error():
+    # Ranks 0 and 1 make a group of 3, rank 2 one of 2 under the same keys: each side
+    # fails at once or when the group's timeout ends its creation, naming what differs.
+    results = run_world(disagreeing_world, WS, timeout=120, pg_timeout=5)
+    assert "rank 1 was claimed by 2 processes" in results[0] or "world size" in results[0], results
+    assert all(r != "shrunk" for r in results[:GONE]), results
