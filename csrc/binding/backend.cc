@@ -227,8 +227,32 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<i
   const int size = static_cast<int>(std::count(excluded.begin(), excluded.end(), false));
   const auto timeout = opts_override ? opts_override->timeout : comm_->timeout();
   // Every survivor of this instance counts its shrinks alike, so they meet under one prefix.
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      comm_->key_prefix() + "/shrink/" + std::to_string(++shrinks_), torch_store_);
+  const std::string prefix = comm_->key_prefix() + "/shrink/" + std::to_string(++shrinks_);
+  // Each survivor publishes the ranks it excludes and reads the others': survivors that
+  // name different ranks fail here, naming both lists, rather than in groups of different
+  // sizes; one that never calls shrink (or died) is named when `timeout` ends the wait.
+  const auto key = [&](int r) { return prefix + "/excluded/" + std::to_string(r); };
+  std::string mine;
+  std::vector<int> others;
+  for (int r = 0; r < getSize(); ++r) {
+    if (excluded[r]) mine += (mine.empty() ? "" : ",") + std::to_string(r);
+    else if (r != getRank()) others.push_back(r);
+  }
+  std::vector<std::string> keys;
+  for (int r : others) keys.push_back(key(r));
+  guard([&] {
+    store_->set(key(getRank()), mine);
+    const std::vector<std::string> theirs = get_all(*store_, keys, Deadline::after(timeout), [&](size_t i) {
+      return "pycomm: shrink of group '" + group_name_ + "': rank " + std::to_string(others[i]) +
+             " did not call it (rank " + std::to_string(getRank()) + " waited for it)";
+    });
+    for (size_t i = 0; i < others.size(); ++i)
+      if (theirs[i] != mine)
+        fail(ErrorKind::InvalidArgument, "pycomm: shrink of group '" + group_name_ + "': rank " +
+                                             std::to_string(others[i]) + " excludes ranks [" + theirs[i] +
+                                             "] and rank " + std::to_string(getRank()) + " excludes [" + mine + "]");
+  });
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, torch_store_);
   return c10::make_intrusive<ProcessGroupPycomm>(store, rank, size, timeout, group_name_ + ":shrunk");
 }
 
