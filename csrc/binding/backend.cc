@@ -169,7 +169,7 @@ at::Tensor Launch::out_split(const std::vector<at::Tensor>& parts, const at::Ten
 
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, const std::string& group_name)
-    : Backend(rank, size), torch_store_(store), group_name_(group_name) {
+    : Backend(rank, size), group_name_(group_name) {
   guard([&] {
     store_ = std::make_unique<TorchStore>(store);
     comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, Config::from_env());
@@ -252,7 +252,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<i
                                              std::to_string(others[i]) + " excludes ranks [" + theirs[i] +
                                              "] and rank " + std::to_string(getRank()) + " excludes [" + mine + "]");
   });
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, torch_store_);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_->torch_store());
   return c10::make_intrusive<ProcessGroupPycomm>(store, rank, size, timeout, group_name_ + ":shrunk");
 }
 

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "binding/store_adapter.h"
 #include "runtime/communicator.h"
 #include "runtime/engine.h"
 
@@ -161,10 +162,9 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // Runs `l` and completes `work` with its outcome.
   void complete(PycommWork& work, Launch& l);
 
-  c10::intrusive_ptr<c10d::Store> torch_store_;  // what store_ reads and writes; a shrink's too
   std::string group_name_;
-  int shrinks_ = 0;               // of this group: each one's keys are its own
-  std::unique_ptr<Store> store_;  // the communicator keeps using it (device set-up)
+  int shrinks_ = 0;                    // of this group: each one's keys are its own
+  std::unique_ptr<TorchStore> store_;  // the communicator keeps using it (device set-up)
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;  // declared last: drained and stopped before comm_ goes
 };

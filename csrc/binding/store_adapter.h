@@ -35,6 +35,7 @@ class TorchStore final : public Store {
     return values;
   }
   bool check(const std::string& key) override { return store_->check({key}); }
+  const c10::intrusive_ptr<c10d::Store>& torch_store() const { return store_; }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -191,6 +191,12 @@ class TcpChannel final : public Channel {
   void throw_if_failed(bool sending) const;
   // Asks the I/O thread for this channel's connection if it has none yet; with mu_ held.
   void want_connection_locked();
+  // The sending side, with mu_ held: waits for a free outbound slot; puts `header`,
+  // checked and stamped, in the next outbound frame's place; after a commit, writes what
+  // the socket takes now and leaves the rest to the I/O thread.
+  void await_free_slot_locked(Lock& lk, const Deadline& deadline);
+  FrameHeader& stamp_next_header_locked(const FrameHeader& header);
+  void push_committed_locked();
   // Sleeps one slice; throws Timeout once `deadline` has passed, PeerFailure once a peer of
   // this host that never connected has exited.
   void sleep(Lock& lk, const Deadline& deadline, const char* what);
@@ -496,28 +502,41 @@ void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool
   }
 }
 
-void* TcpChannel::begin_send(const Deadline& deadline) {
+void TcpChannel::await_free_slot_locked(Lock& lk, const Deadline& deadline) {
   // A send fails on any failure, even with a free slot: the frame could never arrive.
-  Lock lk(mu_);
   want_connection_locked();
   wait(lk, deadline, "send to", true, [&] {
     return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
   });
-  return out_slot(committed_);
 }
 
-void TcpChannel::end_send(const FrameHeader& header) {
+FrameHeader& TcpChannel::stamp_next_header_locked(const FrameHeader& header) {
   if (header.bytes > chunk_)
     fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) +
                                   " bytes exceeds the TCP chunk of " + std::to_string(chunk_));
-  Lock lk(mu_);
   FrameHeader& h = out_hdr_[committed_ % depth_];
   h = header;
   h.magic = kFrameMagic;
   h.kind = static_cast<uint16_t>(FrameKind::Data);
-  ++committed_;
+  return h;
+}
+
+void TcpChannel::push_committed_locked() {
   if (movable() && !t_->aborted()) write_some();
   if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
+}
+
+void* TcpChannel::begin_send(const Deadline& deadline) {
+  Lock lk(mu_);
+  await_free_slot_locked(lk, deadline);
+  return out_slot(committed_);
+}
+
+void TcpChannel::end_send(const FrameHeader& header) {
+  Lock lk(mu_);
+  stamp_next_header_locked(header);
+  ++committed_;
+  push_committed_locked();
 }
 
 // A frame with nothing queued ahead of it goes to the socket from `data`; only what the
@@ -525,19 +544,9 @@ void TcpChannel::end_send(const FrameHeader& header) {
 // write the rest of the frame from a slot not yet filled), for write_some() to continue
 // from out_off_.
 void TcpChannel::send_host(const FrameHeader& header, const void* data, const Deadline& deadline) {
-  if (header.bytes > chunk_)
-    fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) +
-                                  " bytes exceeds the TCP chunk of " + std::to_string(chunk_));
   Lock lk(mu_);
-  want_connection_locked();
-  wait(lk, deadline, "send to", true, [&] {
-    return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
-  });
-  FrameHeader& h = out_hdr_[committed_ % depth_];
-  h = header;
-  h.magic = kFrameMagic;
-  h.kind = static_cast<uint16_t>(FrameKind::Data);
-  const size_t frame = kHeaderBytes + header.bytes;
+  await_free_slot_locked(lk, deadline);
+  FrameHeader& h = stamp_next_header_locked(header);
   size_t sent = 0;
   if (written_ == committed_ && movable() && !t_->aborted()) {
     iovec iov[2] = {{&h, kHeaderBytes}, {const_cast<void*>(data), header.bytes}};
@@ -549,7 +558,7 @@ void TcpChannel::send_host(const FrameHeader& header, const void* data, const De
     sent = static_cast<size_t>(n);
   }
   ++committed_;
-  if (sent == frame) {
+  if (sent == kHeaderBytes + header.bytes) {
     ++written_;
     changed();
     return;
@@ -557,9 +566,9 @@ void TcpChannel::send_host(const FrameHeader& header, const void* data, const De
   const size_t payload_sent = sent > kHeaderBytes ? sent - kHeaderBytes : 0;
   std::memcpy(out_slot(committed_ - 1) + payload_sent, static_cast<const char*>(data) + payload_sent,
               header.bytes - payload_sent);
-  if (sent > 0) out_off_ = sent;  // of frame written_: this one
-  else if (movable() && !t_->aborted()) write_some();  // frames queued ahead of it, then it
-  if (written_ < committed_) t_->queue(*this);  // the rest (or the connection) is the I/O thread's
+  if (sent == 0) return push_committed_locked();  // behind frames queued ahead of it, or none taken
+  out_off_ = sent;  // of frame written_: this one
+  t_->queue(*this);
 }
 
 const void* TcpChannel::begin_recv_next(FrameHeader& got, const Deadline& deadline) {
