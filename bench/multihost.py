@@ -2,7 +2,8 @@
 compressed against uncompressed, pycomm against gloo, pycomm's layered path over gloo.
 
     .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
-        [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3]
+        [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3,
+                      layered-direct+fp8_e4m3,layered-hierarchical+fp8_e4m3]
 
 Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (tests/_netns.py; root
 only), every host's link limited to --rate by tc tbf on the host side of its veth (its
@@ -10,8 +11,9 @@ egress, so both directions of the link between the two hosts), and runs one torc
 across them. Each rank times float32 SUM all-reduce of --size bytes through
 pycomm.all_reduce(t, algorithm=A, compression=C) for every variant A[+C] of --algorithms
 (or dist.all_reduce on a gloo group for "gloo", and pycomm.all_reduce(t, group=<that gloo
-group>, compression=C) for "layered[+C]": pycomm's layered path, its direct algorithm with
-gloo moving the bytes, pycomm/layered.py): one warm-up call each,
+group>, compression=C) for "layered[+C]": pycomm's layered path with gloo moving the
+bytes, pycomm/layered.py, its algorithm the plan's choice, or named: "layered-direct",
+"layered-hierarchical"): one warm-up call each,
 then --repeats rounds, the algorithms interleaved within each round, a barrier on a gloo
 group before every timed call. A call's time is the slowest rank's; the median over the
 rounds is reported with nccl-tests' algbw = S/t and busbw = S/t * 2(n-1)/n, and the ratio
@@ -28,14 +30,16 @@ host's L ranks all-reduces an S/L shard with its peers on the other hosts, sendi
 hierarchical/ring <= (n-1)/n / ((N-1)/N): 1.5 for 2 x 2, 1.67 for 2 x 3, 1.75 for 2 x 4,
 tending to 2 as L grows; reaching it needs the intra-host phases hidden behind the transfer.
 
-The layered path is pycomm's direct algorithm over the mover: an all_to_all_single in
-which every rank sends S/n to every other rank, so each host's egress carries
-L (n-L) S/n = L (N-1)/N S, then gloo's all-gather of the n results of S/n, a ring that
-carries (n-1)/n S over each host's link. On 2 x 2 that is S + 3/4 S = 1.75 S per host
-egress, against 1.5 S for gloo's ring all-reduce; under a codec about 3.9x less
-(fp8_e4m3: one byte per element and a 4-byte scale per block), 0.45 S. Its steps run one
-after another (encode, all-to-all, fold, all-gather, decode): nothing overlaps the
-transfer, so the CPU work adds to it. For every layered variant the report splits each
+The layered path's direct algorithm over the mover: an all_to_all_single in which every
+rank sends S/n to every other rank, so each host's egress carries L (n-L) S/n =
+L (N-1)/N S, then gloo's all-gather of the n results of S/n, a ring that carries (n-1)/n S
+over each host's link. On 2 x 2 that is S + 3/4 S = 1.75 S per host egress, against 1.5 S
+for gloo's ring all-reduce; under a codec about 3.9x less (fp8_e4m3: one byte per element
+and a 4-byte scale per block), 0.45 S. Its hierarchical algorithm moves the shards within
+the host uncompressed and only 2 (N-1)/N S per host egress (a quarter of that under fp8)
+across the link. A large call runs in pipelined parts (encode, all-to-all, fold,
+all-gather, decode of one part while the mover carries another), as many as the plan's
+cost model says. For every layered variant the report splits each
 rank's time per call into those steps (``phases_ms``: the mover's collectives, waiting
 for the slowest peer included, and pycomm's encode, fold and decode), timed by wrapping
 the layered path's two step functions (``_Call.move``, ``_Call.fold``) in the ranks.
@@ -52,9 +56,22 @@ algorithm forced for the whole group through PYCOMM_ALGO at the group's creation
 fully_shard per Linear and one for the model, SGD) on the same batches of --batch samples,
 the variants' steps interleaved; each step all-gathers the parameters (forward and
 backward) and reduce-scatters the gradients. Reported: the median step time, every
-variant's over auto's, and the ring's over each (the step-time ratio); a step is wrong
-when its loss differs from the first variant's by more than 1e-4 relative (the variants
-add the same gradients in other orders).
+variant's over auto's (and gloo's, when it ran), and the ring's over each (the step-time
+ratio); a step is wrong when its loss is not finite or differs from the first variant's by
+more than 1e-4 relative (the variants add the same gradients in other orders).
+
+``--collective ddp`` times DistributedDataParallel training steps over the gloo group
+instead, in the same job on the same link: every variant trains its own copy of the same
+MLP with AdamW (lr 1e-4, as bench/ddp_hooks.py) under DDP(model, process_group=<the gloo
+group>) with its default buckets, on the same batches, the steps interleaved as for fsdp2.
+The variants (default gloo,exact,fp8_e4m3): "gloo", DDP as it comes (gloo all-reduces each
+bucket); "exact", pycomm.hooks.register_deterministic_hook(ddp, "exact"); a codec,
+pycomm.hooks.register_compression_hook(ddp, codec), error feedback on. The hooks average
+each bucket through pycomm's layered path, gloo moving the bytes. Reported: the median
+step time and every variant's over gloo's (x_gloo; below 1 is faster than gloo), and as a
+sanity column the relative RMS difference of its losses from gloo's: the exact sum and the
+codec change the gradients, so the difference is only reported, and a step is wrong only
+when its loss is not finite.
 
 An algorithm pycomm does not have yet is reported as such (no traceback). Exit status:
 0 when the job ran and every result was right, 1 otherwise, 2 when namespaces cannot be
@@ -63,6 +80,7 @@ built here (with the reason).
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -74,6 +92,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULT_TAG = "MULTIHOST-RESULT "
 ERROR_ELEMENTS = 1 << 20  # Gaussian elements per rank for the error column
+TRAINING = ("fsdp2", "ddp")  # the collectives that time training steps
 
 
 def parse_size(text):
@@ -97,6 +116,8 @@ def human(n):
 # rank side (run by torchrun inside a host namespace)
 # ---------------------------------------------------------------------------------------
 
+# The layered variants: the plan's choice, or the algorithm named.
+LAYERED = {"layered": None, "layered-direct": "twoshot", "layered-hierarchical": "hierarchical"}
 # The layered path's steps, in the order they run.
 PHASES = ("encode", "all_to_all_single", "fold", "fold+encode", "all_gather", "decode")
 
@@ -114,17 +135,17 @@ class LayeredPhases:
         move, fold = layered._Call.move, layered._Call.fold
         Form, Stage = layered.Form, layered.Stage
 
-        def timed_move(call, what, *args):
+        def timed_move(call, what, *args, **kw):
             start = time.perf_counter()
             try:
-                return move(call, what, *args)
+                return move(call, what, *args, **kw)
             finally:
                 self.add("all_to_all_single" if what == "all_to_all_single" else "all_gather", start)
 
-        def timed_fold(call, out, terms, forms, count, stage, op=None):
+        def timed_fold(call, out, terms, forms, count, stage, **kw):
             start = time.perf_counter()
             try:
-                return fold(call, out, terms, forms, count, stage, op)
+                return fold(call, out, terms, forms, count, stage, **kw)
             finally:
                 if stage == Stage.Encoded:
                     phase = "encode"
@@ -160,8 +181,8 @@ def worker(args):
     gloo = dist.new_group(backend="gloo", timeout=timeout)
     rank, n = dist.get_rank(), dist.get_world_size()
     algorithms = [a for a in args.algorithms.split(",") if a]
-    if args.collective == "fsdp2":
-        return fsdp2_steps(args, gloo, rank, n, algorithms)
+    if args.collective in TRAINING:
+        return train_steps(args, gloo, rank, n, algorithms)
 
     count = args.size // 4
     # The collective's input and output (one tensor for the in-place all-reduce), filled
@@ -181,8 +202,8 @@ def worker(args):
         algorithm, _, codec = variant.partition("+")
         if variant == "gloo":  # torch's API on the gloo group
             kw, api = dict(group=gloo), dist
-        elif algorithm == "layered":  # pycomm's direct algorithm, gloo moving the bytes
-            kw, api = dict(group=gloo, compression=codec or None), pycomm
+        elif algorithm.startswith("layered"):  # pycomm's layered path, gloo moving the bytes
+            kw, api = dict(group=gloo, algorithm=LAYERED[algorithm], compression=codec or None), pycomm
         else:
             kw, api = dict(algorithm=algorithm, compression=codec or None), pycomm
         if args.collective == "all_reduce":
@@ -256,31 +277,59 @@ def worker(args):
     return 0
 
 
-def fsdp2_steps(args, gloo, rank, n, algorithms):
+def fsdp2_variant(gloo, a, model):
+    """``model`` fully sharded (each Linear, then the whole) over a pycomm group whose
+    algorithm is forced to ``a``, or over ``gloo`` for "gloo"; and its SGD."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
+    if a == "gloo":
+        group = gloo
+    else:  # read when the group is created; the same on every rank
+        os.environ["PYCOMM_ALGO"] = a
+        group = dist.new_group(backend="pycomm")
+        del os.environ["PYCOMM_ALGO"]
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def ddp_variant(gloo, a, model):
+    """``model`` under DDP over ``gloo``: gloo's own all-reduce for "gloo", else pycomm's
+    deterministic ("exact") or compressed (a codec) hook, which averages each bucket
+    through pycomm's layered path with gloo moving the bytes; and its AdamW (as
+    bench/ddp_hooks.py)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import pycomm.hooks
+
+    ddp = DistributedDataParallel(model, process_group=gloo)
+    if a == "exact":
+        pycomm.hooks.register_deterministic_hook(ddp, "exact")
+    elif a != "gloo":
+        pycomm.hooks.register_compression_hook(ddp, a)
+    return ddp, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def train_steps(args, gloo, rank, n, algorithms):
+    """Times training steps of one copy of bench/_training.py's MLP per variant (built by
+    fsdp2_variant or ddp_variant); rank 0 prints each variant's step times (the slowest
+    rank's) and its own losses, which the driver compares."""
+    import torch
+    import torch.distributed as dist
+
     sys.path.insert(0, HERE)
     import _training
 
     torch.set_num_threads(1)
-    trained = {}
-    for a in algorithms:
-        if a == "gloo":
-            group = gloo
-        else:  # read when the group is created; the same on every rank
-            os.environ["PYCOMM_ALGO"] = a
-            group = dist.new_group(backend="pycomm")
-            del os.environ["PYCOMM_ALGO"]
-        model = _training.model(torch)
-        mesh = DeviceMesh.from_group(group, "cpu")
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        trained[a] = (model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    build = fsdp2_variant if args.collective == "fsdp2" else ddp_variant
+    trained = {a: build(gloo, a, _training.model(torch)) for a in algorithms}
     data = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(args.batch, _training.WIDTHS[0], generator=data),
                 torch.randn(args.batch, _training.WIDTHS[-1], generator=data)) for _ in range(args.repeats + 1)]
@@ -307,14 +356,9 @@ def fsdp2_steps(args, gloo, rank, n, algorithms):
             i = (r + k) % len(algorithms)
             times[i, r] = step(algorithms[i], r + 1)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
-    first = torch.tensor(losses[algorithms[0]])
     if rank == 0:
-        out = {"world": n, "results": {}}
-        for i, a in enumerate(algorithms):
-            mine = torch.tensor(losses[a])
-            wrong = int(((mine - first).abs() > 1e-4 * first.abs()).sum())
-            out["results"][a] = {"times_s": times[i].tolist(), "wrong": wrong,
-                                 "rel_rms_error": ((mine - first).norm() / first.norm()).item()}
+        out = {"world": n, "results": {a: {"times_s": times[i].tolist(), "losses": losses[a]}
+                                       for i, a in enumerate(algorithms)}}
         print(RESULT_TAG + json.dumps(out), flush=True)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
@@ -343,27 +387,50 @@ def link_bound(hosts, world):
 
 
 def summarize_steps(args, raw, describe):
-    rows = {a: {"median_s": statistics.median(r["times_s"]), "times_s": r["times_s"], "wrong": r["wrong"],
-                "loss_rel_diff": r["rel_rms_error"]} for a, r in raw["results"].items()}
-    for a, r in rows.items():
-        if "auto" in rows:
-            r["x_auto"] = r["median_s"] / rows["auto"]["median_s"]
+    results = raw["results"]
+    # FSDP2's variants add the same gradients in other orders, so their losses must match
+    # the first variant's; DDP's hooks change the gradients themselves (the exact sum, a
+    # codec), so their losses' difference from gloo's is only reported.
+    reference = "gloo" if args.collective == "ddp" and "gloo" in results else next(iter(results))
+    close = 1e-4 if args.collective == "fsdp2" else None
+    ref = results[reference]["losses"]
+    rows = {}
+    for a, r in results.items():
+        wrong = sum(not math.isfinite(x) or (close is not None and abs(x - y) > close * abs(y))
+                    for x, y in zip(r["losses"], ref))
+        rows[a] = {"median_s": statistics.median(r["times_s"]), "times_s": r["times_s"], "wrong": wrong,
+                   "loss_rel_diff": math.hypot(*(x - y for x, y in zip(r["losses"], ref))) / math.hypot(*ref),
+                   "losses": r["losses"]}
+    for r in rows.values():
+        for peer in ("auto", "gloo"):
+            if peer in rows:
+                r["x_" + peer] = r["median_s"] / rows[peer]["median_s"]
         if "ring" in rows:
             r["ring_over_this"] = rows["ring"]["median_s"] / r["median_s"]
-    return {"collective": "fsdp2", "hosts": args.hosts, "ranks_per_host": args.nproc, "world": raw["world"],
-            "rate": args.rate, "batch": args.batch, "repeats": args.repeats, "topology": describe, "results": rows}
+    return {"collective": args.collective, "hosts": args.hosts, "ranks_per_host": args.nproc, "world": raw["world"],
+            "rate": args.rate, "batch": args.batch, "repeats": args.repeats, "topology": describe,
+            "loss_reference": reference, "results": rows}
 
 
 def report_steps(s):
-    lines = ["multi-host FSDP2 training steps: %d hosts x %d ranks, link %s (tbf, each host's egress), "
-             "batch %d per rank, median of %d" % (s["hosts"], s["ranks_per_host"], s["rate"], s["batch"], s["repeats"]),
-             "%-14s %10s %8s %15s %7s %14s  %s" % ("variant", "step_ms", "x_auto", "ring/this time", "#wrong",
-                                                  "loss_rel_diff", "all steps_ms")]
+    what = {"fsdp2": "FSDP2 training steps", "ddp": "DDP training steps over the gloo group"}[s["collective"]]
+    # A ratio's column only where its peer ran.
+    ratios = [(k, head, fmt) for k, head, fmt in (("x_auto", "x_auto", "%.2f"), ("x_gloo", "x_gloo", "%.2f"),
+                                                  ("ring_over_this", "ring/this time", "%.2fx"))
+              if any(k in r for r in s["results"].values())]
+    width = {k: max(8, len(head) + 1) for k, head, _ in ratios}
+    lines = ["multi-host %s: %d hosts x %d ranks, link %s (tbf, each host's egress), "
+             "batch %d per rank, median of %d" % (what, s["hosts"], s["ranks_per_host"], s["rate"], s["batch"],
+                                                  s["repeats"]),
+             "%-14s %10s%s %7s %14s  %s" % ("variant", "step_ms", "".join(" %*s" % (width[k], head)
+                                                                       for k, head, _ in ratios),
+                                           "#wrong", "loss_rel_diff", "all steps_ms")]
     for a, r in s["results"].items():
-        lines.append("%-14s %10.1f %8s %15s %7d %14.2e  %s" % (
-            a, r["median_s"] * 1e3, "%.2f" % r["x_auto"] if "x_auto" in r else "-",
-            "%.2fx" % r["ring_over_this"] if "ring_over_this" in r else "-", r["wrong"], r["loss_rel_diff"],
-            " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
+        lines.append("%-14s %10.1f%s %7d %14.2e  %s" % (
+            a, r["median_s"] * 1e3, "".join(" %*s" % (width[k], fmt % r[k] if k in r else "-") for k, _, fmt in ratios),
+            r["wrong"], r["loss_rel_diff"], " ".join("%.0f" % (x * 1e3) for x in r["times_s"])))
+    lines.append("loss_rel_diff: rank 0's losses against %s's, relative RMS over every step (warm-up "
+                 "included)" % s["loss_reference"])
     return "\n".join(lines)
 
 
@@ -455,7 +522,7 @@ def drive(args):
         for r in results:
             print(r.describe(), file=sys.stderr)
         return 1
-    steps = args.collective == "fsdp2"
+    steps = args.collective in TRAINING
     summary = (summarize_steps if steps else summarize)(args, json.loads(found[0]), describe)
     summary["job_s"] = elapsed
     print((report_steps if steps else report)(summary))
@@ -469,16 +536,18 @@ def drive(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit", help="tc rate of each host's link (default 1gbit; none: unshaped)")
-    ap.add_argument("--collective", choices=("all_reduce", "reduce_scatter", "all_gather", "fsdp2"),
+    ap.add_argument("--collective", choices=("all_reduce", "reduce_scatter", "all_gather") + TRAINING,
                     default="all_reduce",
                     help="what every variant runs (default all_reduce); --size is its whole buffer: the "
-                         "reduce-scatter's input, the all-gather's output; fsdp2: training steps")
-    ap.add_argument("--batch", type=int, default=64, help="fsdp2: samples per rank and step (default 64)")
+                         "reduce-scatter's input, the all-gather's output; fsdp2, ddp: training steps")
+    ap.add_argument("--batch", type=int, default=64, help="fsdp2, ddp: samples per rank and step (default 64)")
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--algorithms", default="ring,hierarchical,auto",
+    ap.add_argument("--algorithms",
                     help="variants: a pycomm algorithm, algorithm+codec (auto+fp8_e4m3), gloo, or "
-                         "layered[+codec] (pycomm's layered path over the gloo group)")
+                         "layered[+codec] (pycomm's layered path over the gloo group); default "
+                         "ring,hierarchical,auto. ddp: gloo, exact or a codec (pycomm's hooks), default "
+                         "gloo,exact,fp8_e4m3")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2, help="ranks per host")
     ap.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=1,
@@ -491,6 +560,8 @@ def main():
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if args.algorithms is None:
+        args.algorithms = "gloo,exact,fp8_e4m3" if args.collective == "ddp" else "ring,hierarchical,auto"
     if args.worker:
         return worker(args)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so the namespaces are torn down.

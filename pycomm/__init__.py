@@ -82,12 +82,6 @@ def _pycomm_backend(group, device):
     return backend if isinstance(backend, _C.ProcessGroupPycomm) else None
 
 
-def _layered_options(algorithm):
-    if algorithm not in (None, "auto"):
-        raise ValueError(f"pycomm: algorithm={algorithm!r} chooses among pycomm's own algorithms; over a group "
-                         f"of another backend pycomm runs its layered direct algorithm (algorithm=None)")
-
-
 def _options(algorithm, compression, deterministic):
     if deterministic is None:
         det = ""
@@ -113,8 +107,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compressi
     group = _group_of(group)
     work = _C.all_reduce(group, tensor, op, algorithm, compression, deterministic, async_op)
     if work is NotImplemented:
-        _layered_options(algorithm)
-        return layered.all_reduce(tensor, op, group, *_options(None, compression, deterministic)[1:], async_op)
+        return layered.all_reduce(tensor, op, group, *_options(algorithm, compression, deterministic), async_op)
     return work
 
 
@@ -124,8 +117,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorit
     group = _group_of(group)
     work = _C.reduce_scatter_tensor(group, output, input, op, algorithm, compression, deterministic, async_op)
     if work is NotImplemented:
-        _layered_options(algorithm)
-        return layered.reduce_scatter_tensor(output, input, op, group, *_options(None, compression, deterministic)[1:],
+        return layered.reduce_scatter_tensor(output, input, op, group, *_options(algorithm, compression, deterministic),
                                              async_op)
     return work
 
@@ -136,8 +128,7 @@ def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compres
     group = _group_of(group)
     work = _C.all_gather_into_tensor(group, output, input, algorithm, compression, deterministic, async_op)
     if work is NotImplemented:
-        _layered_options(algorithm)
-        return layered.all_gather_into_tensor(output, input, group, *_options(None, compression, deterministic)[1:],
+        return layered.all_gather_into_tensor(output, input, group, *_options(algorithm, compression, deterministic),
                                               async_op)
     return work
 
@@ -167,8 +158,9 @@ def stats(group=None):
     counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
     (from their start on the group's thread to their end, queueing excluded). For a group
     of another backend, the same for the operations pycomm ran over it (the layered path,
-    algorithm ``"layered-direct"``, timed from the call to its end; on CUDA tensors, to the
-    end of enqueueing them), with ``"mover"`` naming that backend."""
+    algorithms ``"layered-direct"`` and ``"layered-hierarchical"``, timed from the call's
+    start to its end; on CUDA tensors, to the end of enqueueing them), with ``"mover"``
+    naming that backend."""
     group = _group_of(group)
     backend = _host_backend(group)
     return json.loads(backend._stats_json()) if backend is not None else layered.record_of(group).stats()

@@ -1,8 +1,10 @@
 """The layered path: pycomm's all-reduce, reduce-scatter and all-gather over a group whose
 backend is not pycomm (nccl, gloo, mpi, any registered backend).
 
-That group, the *mover*, only moves bytes; pycomm reduces. The algorithm is the native
-direct one (twoshot), with the mover's collectives in place of pycomm's transports:
+That group, the *mover*, only moves bytes; pycomm reduces. The plan (``_C.layered_plan``,
+csrc/runtime/plan.h) picks the algorithm and the number of parts a large all-reduce is
+pipelined in. The direct algorithm (``layered-direct``) is the native twoshot, with the
+mover's collectives in place of pycomm's transports:
 
 0. Agreement: one all-gather of every rank's stamp of the call (sequence number,
    collective, count, dtype, reduction, codec, block, determinism mode), of the same
@@ -22,9 +24,17 @@ direct one (twoshot), with the mover's collectives in place of pycomm's transpor
 4. All-gather (all-reduce only): one ``all_gather_into_tensor`` of the (encoded) results,
    each padded to the longest segment; every rank then decodes every segment, its own too.
 
+Across several hosts with equal rank counts (ranks numbered host by host) an all-reduce
+in mode 0 may run as the native hierarchical one (``layered-hierarchical``, see
+_hierarchical_part): within each host an all-to-all of the shards and the local fold,
+across hosts the direct algorithm on the host partials among the ranks of one local
+index (subgroups of the mover made at the group's first call), within the host an
+all-gather; only a share of 1/L of the bytes crosses the link between hosts.
+
 The mover never reduces, so its algorithm, channel count or protocol cannot change a bit:
 for the same inputs, world size and options the result equals the native path's (its
-twoshot, at 2 ranks its ring too, and in deterministic modes every algorithm's). Levels: D0-D3 in mode 1
+twoshot, or its hierarchical for layered-hierarchical; in deterministic modes every
+algorithm's). Levels: D0-D3 in mode 1
 (a fixed fold order over logical ranks, whatever the mover does), D0-D5 in exact mode
 (the exact sum depends only on the multiset of contributions).
 
@@ -39,8 +49,10 @@ stops the process with a device-side assertion rather than a DistBackendError.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,7 +62,6 @@ import torch.distributed as dist
 from . import _C
 
 Form, Stage = _C.Form, _C.Stage
-ALGORITHM = "layered-direct"
 # torch 2.13 renamed all_gather_into_tensor (still there, deprecated) to all_gather_single.
 _ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
@@ -70,8 +81,13 @@ class LayeredWork:
     _Call.run), and wait() raises the call's error."""
 
     def __init__(self, future, call):
-        self.algorithm, self.compression, self.determinism = call.algorithm, call.codec, call.determinism
-        self._future = future
+        self.compression, self.determinism = call.codec, call.determinism
+        self._call, self._future = call, future
+
+    @property
+    def algorithm(self):
+        """What runs the call, e.g. "layered-direct over gloo": planned as it starts."""
+        return self._call.algorithm
 
     def wait(self, timeout=None):
         self._future.wait()
@@ -141,8 +157,8 @@ def terms_per_fold(kernel, device):
 
 class _GroupRecord:
     """What this rank keeps of the layered calls on one group: their record (counters,
-    flight recorder and log lines, kept as a pycomm group keeps its own), options and
-    lane."""
+    flight recorder and log lines, kept as a pycomm group keeps its own), options, hosts
+    and lane."""
 
     def __init__(self, group, mover):
         self.name, self.rank, self.size, self.mover = group.group_name, group.rank(), group.size(), mover
@@ -150,10 +166,68 @@ class _GroupRecord:
         self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover)
         self.options = {}  # the options of each kind of call, read from the environment once
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
+        self.hosts = None  # (host_of, host_team, column_team, across): see _hosts
+
+    def hosts_of(self, group, device):
+        """_hosts of the group, found as the first steps of its first call on every rank
+        (before that call's own collectives, wherever it runs)."""
+        if self.hosts is None:
+            self.hosts = _hosts(group, device)
+        return self.hosts
 
     def stats(self):
         """A pycomm group's ``stats()``, with ``"mover"`` naming the group's backend."""
         return dict(json.loads(self.recorder._stats_json()), mover=self.mover)
+
+
+def _hosts(group, device):
+    """Which host each rank of ``group`` is on (``_C.hosts_of`` of every rank's host key,
+    gathered once by the mover), and, where the hierarchical algorithm could run (several
+    hosts of L >= 2 ranks each, numbered host by host), the mover's subgroups of this
+    rank's host and of its column (the ranks of its local index, one per host, in host
+    order), with the link between hosts measured through them: ``(latency_us,
+    bytes_per_us)`` of a host's link, the slowest rank's view, the same on every rank."""
+    key = int.from_bytes(hashlib.blake2b(_C.host_key().encode(), digest_size=8).digest(), "little", signed=True)
+    keys = torch.empty(group.size(), dtype=torch.int64, device=device)
+    getattr(dist, _ALL_GATHER)(keys, torch.tensor([key], device=device), group=group)
+    host_of = _C.hosts_of([str(k) for k in keys.tolist()])
+    hosts = [[r for r, h in enumerate(host_of) if h == host] for host in range(max(host_of) + 1)]
+    if len(hosts) < 2 or len({len(h) for h in hosts}) > 1 or len(hosts[0]) < 2 or host_of != sorted(host_of):
+        return host_of, None, None, (0.0, 0.0)
+    ranks = dist.get_process_group_ranks(group)
+    me = group.rank()
+    local = hosts[host_of[me]].index(me)
+    backend = dist.get_backend(group)
+    host_team = dist.new_group([ranks[r] for r in hosts[host_of[me]]], backend=backend,
+                               use_local_synchronization=True)
+    column_team = dist.new_group([ranks[h[local]] for h in hosts], backend=backend, use_local_synchronization=True)
+    return host_of, host_team, column_team, _measure_across(group, column_team, len(hosts[0]), device)
+
+
+# What the link between hosts is measured with: an all-to-all of this many bytes per peer
+# among the ranks of each local index at once (all of a host's ranks share its link).
+_PROBE_BYTES = 1 << 20
+
+
+def _measure_across(group, column_team, ranks_per_host, device):
+    hosts = column_team.size()
+
+    def timed(nbytes):
+        send = torch.zeros(nbytes * hosts, dtype=torch.uint8, device=device)
+        recv = torch.empty_like(send)
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        dist.all_to_all_single(recv, send, group=column_team)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e6
+
+    timed(_PROBE_BYTES)  # connections made, buffers touched
+    seen = torch.tensor([timed(1), timed(_PROBE_BYTES)], dtype=torch.float64, device=device)
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
+    latency_us, probe_us = seen.tolist()
+    host_out = ranks_per_host * (hosts - 1) * _PROBE_BYTES
+    return latency_us, host_out / max(probe_us - latency_us, 1.0)
 
 
 _records: dict[str, tuple[int, _GroupRecord]] = {}
@@ -174,7 +248,7 @@ def record_of(group, device="cpu"):
 # A stamp: this marker, then the fields of _Call.stamp, each an int64 (see _code).
 _STAMP_MARK = 0x70634C53
 _STAMP_FIELDS = ("sequence number", "collective", "count", "dtype", "reduce op", "compression", "block",
-                 "determinism")
+                 "determinism", "algorithm")
 
 
 def _code(value):
@@ -187,14 +261,15 @@ class _Call:
     mover's collectives with their failures wrapped, and its record, stats and log line.
     Its steps (:meth:`run`) begin with the ranks' agreement on it (:meth:`agree`)."""
 
-    def __init__(self, collective, group, like, op, nbytes, compression, deterministic, count):
+    def __init__(self, collective, group, like, op, nbytes, algorithm, compression, deterministic, count):
         self.group, self.dtype, self.op = group, like.dtype, op
         self.record = record_of(group, like.device)
-        key = (collective, like.dtype, _op_name(op), compression or "", deterministic or "")
+        key = (collective, like.dtype, _op_name(op), algorithm or "", compression or "", deterministic or "")
         options = self.record.options.get(key)
         if options is None:
-            options = self.record.options[key] = _C.layered_options(collective, like.dtype, op, compression or "",
-                                                                    deterministic or "")
+            options = self.record.options[key] = _C.layered_options(collective, like.dtype, op, algorithm or "",
+                                                                    compression or "", deterministic or "")
+        self.options, self.count, self.nbytes = options, count, nbytes
         self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
         self.exact = options.determinism == "exact"
         self.kernel = kernels_for(like.device)
@@ -209,14 +284,27 @@ class _Call:
                                  f"{like.dtype} (it adds in 128-bit integers)")
             self.kernel = _triton_fold(why)
             self.terms_per_fold = None
-        self.algorithm = f"{ALGORITHM} over {self.record.mover}"
+        self.algorithm = f"layered over {self.record.mover}"  # until planned (see begin)
         self.collective, self.seq = collective, next(self.record.seq)
-        self.id = self.record.recorder.begin(collective, self.seq, like.dtype, count, op, self.codec, self.block,
-                                             self.determinism, nbytes, like.device.index if like.is_cuda else -1)
+        self.plan = self.id = None
         # The block matters only under a codec, as natively.
         self.stamp = (self.seq, collective, count, str(like.dtype).split(".")[-1], _op_name(op), self.codec,
-                      self.block if self.codec != "none" else 0, self.determinism)
+                      self.block if self.codec != "none" else 0, self.determinism, options.algorithm)
         self.device = like.device
+
+    def begin(self):
+        """The plan (where it runs: the hosts of the mover's ranks are found by the group's
+        first call, as its first collectives) and the start of the record."""
+        try:
+            host_of, self.host_team, self.column_team, across = self.record.hosts_of(self.group, self.device)
+        except Exception as e:
+            self.fail("finding the mover's hosts", e)
+        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, host_of, across,
+                                    self.device.type == "cuda")
+        self.algorithm = f"{self.plan.variant} over {self.record.mover}"
+        self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
+                                             self.plan, self.nbytes, self.device.index if self.device.type == "cuda"
+                                             else -1)
 
     def run(self, steps, result, async_op):
         """Runs the agreement, then ``steps``; returns a LayeredWork for ``async_op``, else
@@ -230,6 +318,7 @@ class _Call:
         collectives would then differ between ranks."""
         def whole():
             try:
+                self.begin()
                 self.agree()
                 steps()
             except BaseException as e:  # ended already where the mover failed or ranks disagreed
@@ -292,10 +381,11 @@ class _Call:
     def describe(self):
         return f"{self.collective} #{self.seq} ({self.algorithm}) on group '{self.record.name}'"
 
-    def move(self, what, *args):
-        """Starts the mover's collective ``what`` (asynchronously); :meth:`wait` for it."""
+    def move(self, what, *args, group=None):
+        """Starts the mover's collective ``what`` (asynchronously) on the mover, or on
+        ``group``, one of its subgroups; :meth:`wait` for it."""
         try:
-            return what, getattr(dist, what)(*args, group=self.group, async_op=True)
+            return what, getattr(dist, what)(*args, group=group or self.group, async_op=True)
         except Exception as e:
             self.fail(what, e)
 
@@ -312,17 +402,19 @@ class _Call:
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {error}"
         raise dist.DistBackendError(self.end(message)) from error
 
-    def fold(self, out, terms, forms, count, stage, op=None):
+    def fold(self, out, terms, forms, count, stage, op=None, dtype=None, codec=None):
+        """The call's fold (its dtype, operator and codec, unless given) of ``count``
+        elements: ``_C.fold``'s contract."""
         if not count:
             return
-        op = self.op if op is None else op
+        op, dtype, codec = self.op if op is None else op, dtype or self.dtype, codec or self.codec
         while self.terms_per_fold and len(terms) > self.terms_per_fold:  # in slices: see terms_per_fold
-            partial = torch.empty(count, dtype=PARTIAL_DTYPES.get(self.dtype, self.dtype), device=out.device)
-            self.kernel(partial, terms[:self.terms_per_fold], forms[:self.terms_per_fold], self.dtype, count, op,
-                        self.size, self.exact, self.codec, self.block, _C.Stage.Partial)
+            partial = torch.empty(count, dtype=PARTIAL_DTYPES.get(dtype, dtype), device=out.device)
+            self.kernel(partial, terms[:self.terms_per_fold], forms[:self.terms_per_fold], dtype, count, op,
+                        self.size, self.exact, codec, self.block, _C.Stage.Partial)
             terms = [partial, *terms[self.terms_per_fold:]]
             forms = [_C.Form.Partial, *forms[self.terms_per_fold:]]
-        self.kernel(out, terms, forms, self.dtype, count, op, self.size, self.exact, self.codec, self.block, stage)
+        self.kernel(out, terms, forms, dtype, count, op, self.size, self.exact, codec, self.block, stage)
 
     def end(self, failure=None):
         """Ends the operation's record; returns ``failure`` with where the flight recorder
@@ -346,7 +438,7 @@ def _decoded(code, like):
     names this rank knows for that field."""
     if isinstance(like, int):
         return code
-    names = ["allreduce", "reduce_scatter", "allgather", "none", *_C.codecs, *_C.determinism_levels,
+    names = ["allreduce", "reduce_scatter", "allgather", "none", *_C.algorithms, *_C.codecs, *_C.determinism_levels,
              *(str(d).split(".")[-1] for d in vars(torch).values() if isinstance(d, torch.dtype)),
              *dist.ReduceOp.RedOpType.__members__]
     return next((name for name in names if _code(name) == code), f"(unknown, code {code})")
@@ -407,84 +499,188 @@ def _exchange(call, flat, begins, element_bytes):
             [Form.Input if p == r else Form.Encoded for p in range(n)])
 
 
-# A large all-reduce runs as up to _MAX_PARTS parts of at least _PART_BYTES, pipelined:
-# while the mover carries one part, this rank encodes the next and decodes the previous.
-_PART_BYTES = 4 << 20
-_MAX_PARTS = 8
+def _pipelined(parts):
+    """Runs ``parts``, generators of one part's steps each (a step ends where the part
+    yields, having started a collective of the mover's), in a diagonal: at each tick the
+    next part takes its first step, then every earlier part still running its next one.
+    So while the mover carries one part, this rank encodes, folds and decodes others,
+    and every rank starts the mover's collectives in the same order."""
+    running = []
+
+    def tick():
+        for p in list(running):
+            if next(p, StopIteration) is StopIteration:
+                running.remove(p)
+
+    for part in parts:
+        running.insert(0, part)
+        tick()
+    while running:
+        tick()
 
 
-def _parts(count, unit, element_bytes):
-    """[start, stop) of each part: whole multiples of ``unit`` elements but the last."""
-    parts = max(1, min(_MAX_PARTS, count * element_bytes // _PART_BYTES))
-    size = -(-count // parts // unit) * unit
-    return [(start, min(count, start + size)) for start in range(0, count, size)]
-
-
-def all_reduce(tensor, op, group, compression, deterministic, async_op):
+def all_reduce(tensor, op, group, algorithm, compression, deterministic, async_op):
     flat = _dense(tensor)
-    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), compression, deterministic,
-                 flat.numel())
+    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), algorithm, compression,
+                 deterministic, flat.numel())
     return call.run(lambda: _all_reduce(call, tensor, flat), tensor, async_op)
 
 
 def _all_reduce(call, tensor, flat):
-    n, r, es, count = call.size, call.rank, flat.element_size(), flat.numel()
-    if count == 0:
+    if flat.numel() == 0:
         return
-    coded = call.codec != "none"
-    unit = call.block if coded else 1
-    piece = (lambda m: _C.encoded_size(call.codec, call.block, m)) if coded else (lambda m: m * es)
-
-    def scatter(start, stop):  # steps 1 and 2 of a part: its segments (whole codec blocks)
-        part = flat[start:stop]
-        begins = _C.segment_begins(part.numel(), n, unit)
-        return (part, begins) + _exchange(call, part, begins, es)
-
-    def fold_and_gather(part, begins, moving, terms, forms):  # steps 3 and 4, started
-        lengths = [begins[s + 1] - begins[s] for s in range(n)]
-        # This rank's result (encoded under a codec) goes into a piece padded to the
-        # longest segment's (segment 0's), the size every rank gives the all-gather.
-        width = _slot(piece(lengths[0])) if coded else piece(lengths[0])
-        result = torch.zeros(width, dtype=torch.uint8, device=part.device)
-        call.wait(moving)
-        call.fold(result[:piece(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-        if not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
-            return part, begins, call.move(_ALL_GATHER, _bytes(part), result), None, width
-        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
-        return part, begins, call.move(_ALL_GATHER, gathered, result), gathered, width
-
-    def unpack(part, begins, moving, gathered, width):
-        call.wait(moving)
-        if gathered is None:
-            return
-        for s, block in enumerate(_pieces(gathered, [width] * n)):
-            segment, length = part[begins[s]:begins[s + 1]], begins[s + 1] - begins[s]
-            if coded:  # decoding alone: the result was finalized before it was encoded
-                call.fold(segment, [block[:piece(length)]], [Form.Encoded], length, Stage.Final, op=dist.ReduceOp.SUM)
-            elif length:
-                _bytes(segment).copy_(block[:piece(length)])
-
-    # Parts start on multiples of n codec blocks, so every block of the tensor stays whole
-    # and each element is reduced exactly as without parts.
-    # Every rank starts the mover's collectives in the same order: part i's all-to-all,
-    # then part i-1's all-gather.
-    to_fold = to_unpack = None
-    for bounds in _parts(count, n * unit, es) + [None, None]:
-        scattered = scatter(*bounds) if bounds is not None else None
-        gathering = fold_and_gather(*to_fold) if to_fold is not None else None
-        if to_unpack is not None:
-            unpack(*to_unpack)
-        to_fold, to_unpack = scattered, gathering
+    _pipelined((_hierarchical_parts if call.plan.variant == "layered-hierarchical" else _direct_parts)(call, flat))
     _settle(tensor, flat)
 
 
-def reduce_scatter_tensor(output, input, op, group, compression, deterministic, async_op):
+def _wire(call, element_bytes):
+    """The unit segments are cut in (whole codec blocks, coded) and the bytes of m
+    elements of ``element_bytes`` each on the wire."""
+    if call.codec == "none":
+        return 1, lambda m: m * element_bytes
+    return call.block, lambda m: _C.encoded_size(call.codec, call.block, m)
+
+
+def _direct_parts(call, flat):
+    """The direct algorithm in ``call.plan.parts`` parts, each starting on a multiple of n
+    codec blocks, so that every block of the tensor stays whole and each element is
+    reduced exactly as without parts."""
+    step = call.size * _wire(call, 1)[0]
+    size = -(-flat.numel() // call.plan.parts // step) * step
+    return (_direct_part(call, flat[start:start + size]) for start in range(0, flat.numel(), size))
+
+
+def _direct_part(call, part):
+    n, r, es = call.size, call.rank, part.element_size()
+    coded = call.codec != "none"
+    unit, wire = _wire(call, es)
+    begins = _C.segment_begins(part.numel(), n, unit)
+    moving, terms, forms = _exchange(call, part, begins, es)  # steps 1 and 2
+    yield
+    # Steps 3 and 4: this rank's result (encoded under a codec) goes into a piece padded
+    # to the longest segment's (segment 0's), the size every rank gives the all-gather.
+    lengths = [begins[s + 1] - begins[s] for s in range(n)]
+    width = _slot(wire(lengths[0])) if coded else wire(lengths[0])
+    result = torch.zeros(width, dtype=torch.uint8, device=part.device)
+    call.wait(moving)
+    call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
+    if not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
+        moving, gathered = call.move(_ALL_GATHER, _bytes(part), result), None
+    else:
+        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
+        moving = call.move(_ALL_GATHER, gathered, result)
+    yield
+    call.wait(moving)
+    if gathered is None:
+        return
+    for s, block in enumerate(_pieces(gathered, [width] * n)):
+        segment, length = part[begins[s]:begins[s + 1]], lengths[s]
+        if coded:  # decoding alone: the result was finalized before it was encoded
+            call.fold(segment, [block[:wire(length)]], [Form.Encoded], length, Stage.Final, op=dist.ReduceOp.SUM)
+        elif length:
+            _bytes(segment).copy_(block[:wire(length)])
+
+
+def _hierarchical_parts(call, flat):
+    """The hierarchical algorithm in ``call.plan.parts`` parts. As natively, local rank l
+    of every host owns shard l (``segment_begins(count, L, 1)``), and codec blocks start
+    at its first element; part p is the p-th run of q elements of every shard, q a
+    multiple of the block, so every block stays whole."""
+    shards = _C.segment_begins(flat.numel(), call.host_team.size(), 1)
+    longest = shards[1] - shards[0]
+    unit = _wire(call, 1)[0]
+    q = -(-longest // call.plan.parts // unit) * unit
+    return (_hierarchical_part(call, flat, shards, start, q) for start in range(0, longest, q))
+
+
+def _hierarchical_part(call, flat, shards, start, q):
+    """One part of the native hierarchical all-reduce (csrc/algorithms/hierarchical_
+    allreduce.cc), with the same bits:
+    1. within the host, piece l of every rank's input to local rank l (uncompressed), who
+       folds the host's L contributions in local order into a partial (accumulation type);
+    2. across hosts, among the ranks of this local index, the direct algorithm on the
+       partials: segment j of each to host j's rank (encoded under a codec), folded there
+       in host order (the operator alone: AVG divides at the end), the results gathered;
+    3. the piece finalized (AVG divides by the world size) into the output;
+    4. within the host, every piece gathered to every rank."""
+    host_team, column_team = call.host_team, call.column_team
+    L, N, local, host = host_team.size(), column_team.size(), host_team.rank(), column_team.rank()
+    es, device = flat.element_size(), flat.device
+    pieces = [(shards[l] + min(start, shards[l + 1] - shards[l]), shards[l] + min(start + q, shards[l + 1] - shards[l]))
+              for l in range(L)]
+    lengths = [b - a for a, b in pieces]
+    m = lengths[local]
+    mine = flat[pieces[local][0]:pieces[local][1]]
+
+    send = torch.cat([_bytes(flat[a:b]) for l, (a, b) in enumerate(pieces) if l != local])  # 1
+    recv = torch.empty((L - 1) * m * es, dtype=torch.uint8, device=device)
+    moving = call.move("all_to_all_single", recv, send, [0 if l == local else m * es for l in range(L)],
+                       [0 if l == local else lengths[l] * es for l in range(L)], group=host_team)
+    yield
+    call.wait(moving)
+    received = iter(_pieces(recv, [m * es] * (L - 1)))
+    partial = torch.empty(m, dtype=PARTIAL_DTYPES.get(call.dtype, call.dtype), device=device)
+    call.fold(partial, [mine if l == local else next(received) for l in range(L)], [Form.Input] * L, m, Stage.Partial,
+              codec="none")
+
+    across = dict(op=dist.ReduceOp.SUM, dtype=partial.dtype)  # 2
+    coded = call.codec != "none"
+    unit, wire = _wire(call, partial.element_size())
+    begins = _C.segment_begins(m, N, unit)
+    segments = [partial[begins[j]:begins[j + 1]] for j in range(N)]
+    seg_len = [s.numel() for s in segments]
+    if coded:
+        outgoing = [0 if j == host else _slot(wire(seg_len[j])) for j in range(N)]
+        send = torch.empty(sum(outgoing), dtype=torch.uint8, device=device)
+        for j, out in enumerate(_pieces(send, outgoing)):
+            if j != host:
+                call.fold(out[:wire(seg_len[j])], [segments[j]], [Form.Input], seg_len[j], Stage.Encoded, **across)
+        incoming = [0 if j == host else _slot(wire(seg_len[host])) for j in range(N)]
+    else:  # the all-to-all's input is the whole partial, this rank's own segment included
+        send, outgoing = _bytes(partial), [wire(n) for n in seg_len]
+        incoming = [wire(seg_len[host])] * N
+    recv = torch.empty(sum(incoming), dtype=torch.uint8, device=device)
+    moving = call.move("all_to_all_single", recv, send, incoming, outgoing, group=column_team)
+    yield
+    call.wait(moving)
+    width = _slot(wire(seg_len[0])) if coded else wire(seg_len[0])
+    result = torch.zeros(width, dtype=torch.uint8, device=device)
+    terms = [segments[host] if j == host else piece[:wire(seg_len[host])]
+             for j, piece in enumerate(_pieces(recv, incoming))]
+    forms = [Form.Input if j == host or not coded else Form.Encoded for j in range(N)]
+    call.fold(result[:wire(seg_len[host])], terms, forms, seg_len[host], Stage.FinalEncoded if coded else Stage.Final,
+              **across)
+    gathered = torch.empty(N * width, dtype=torch.uint8, device=device)
+    moving = call.move(_ALL_GATHER, gathered, result, group=column_team)
+    yield
+    call.wait(moving)
+    for j, block in enumerate(_pieces(gathered, [width] * N)):
+        if coded:
+            call.fold(segments[j], [block[:wire(seg_len[j])]], [Form.Encoded], seg_len[j], Stage.Final, **across)
+        elif seg_len[j]:
+            _bytes(segments[j]).copy_(block[:wire(seg_len[j])])
+
+    call.fold(mine, [partial], [Form.Partial], m, Stage.Final)  # 3: this rank's input there was folded in 1
+
+    width = lengths[0] * es  # 4
+    result = torch.zeros(width, dtype=torch.uint8, device=device)
+    result[:m * es].copy_(_bytes(mine))
+    gathered = torch.empty(L * width, dtype=torch.uint8, device=device)
+    moving = call.move(_ALL_GATHER, gathered, result, group=host_team)
+    yield
+    call.wait(moving)
+    for l, block in enumerate(_pieces(gathered, [width] * L)):
+        if l != local and lengths[l]:
+            _bytes(flat[pieces[l][0]:pieces[l][1]]).copy_(block[:lengths[l] * es])
+
+
+def reduce_scatter_tensor(output, input, op, group, algorithm, compression, deterministic, async_op):
     flat_in, out = _dense(input), _dense(output)
     n, count = group.size(), out.numel()
     if output.dtype != input.dtype or flat_in.numel() != n * count:
         raise ValueError(f"pycomm: reduce_scatter: the input holds {flat_in.numel()} {input.dtype} elements; a group "
                          f"of {n} needs {n} x the output's {count} {output.dtype} elements")
-    call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), compression,
+    call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), algorithm, compression,
                  deterministic, flat_in.numel())
     return call.run(lambda: _reduce_scatter(call, output, out, flat_in), output, async_op)
 
@@ -507,14 +703,14 @@ def _reduce_scatter(call, output, out, flat_in):
     _settle(output, out)
 
 
-def all_gather_into_tensor(output, input, group, compression, deterministic, async_op):
+def all_gather_into_tensor(output, input, group, algorithm, compression, deterministic, async_op):
     flat_in, out = _dense(input), _dense(output)
     n, count = group.size(), flat_in.numel()
     if output.dtype != input.dtype or out.numel() != n * count:
         raise ValueError(f"pycomm: allgather: the output holds {out.numel()} {output.dtype} elements; a group of "
                          f"{n} needs {n} x the input's {count} {input.dtype} elements")
-    call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), compression,
-                 deterministic, flat_in.numel())
+    call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), algorithm,
+                 compression, deterministic, flat_in.numel())
     return call.run(lambda: _all_gather(call, output, out, flat_in), output, async_op)
 
 

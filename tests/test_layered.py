@@ -92,15 +92,28 @@ def cases_for(ws, sizes):
     return out
 
 
-def layered_equals_native_world(rank, ws, sizes, part_bytes=None):
+def _cut_in_parts(parts):
+    """Makes the layered plans cut all-reduces in ``parts`` parts (where they have as many
+    units): the plan's parts written over, as a test may."""
+    from pycomm import _C
+
+    planned = _C.layered_plan
+
+    def plan(*args):
+        p = planned(*args)
+        p.parts = parts
+        return p
+
+    _C.layered_plan = plan
+
+
+def layered_equals_native_world(rank, ws, sizes, parts=None):
     """Every case on the native path (the pycomm world) and the layered path (a gloo group
     of the same ranks); returns the cases whose outcomes differ, and a digest of the
     layered all-reduce and all-gather results, which must be the same on every rank.
-    ``part_bytes``: smaller pipeline parts, so that these sizes run in several."""
-    from pycomm import layered
-
-    if part_bytes:
-        layered._PART_BYTES = part_bytes
+    ``parts``: all-reduces cut in that many parts."""
+    if parts:
+        _cut_in_parts(parts)
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     differ, digest = [], hashlib.sha256()
     for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
@@ -132,9 +145,72 @@ def test_layered_equals_native_bit_for_bit(ws):
 @pytest.mark.parametrize("ws", [2, 3])
 def test_layered_equals_native_large(ws):
     # 65537 and 786433 elements (3 MiB of float32): segments that do not divide evenly,
-    # several codec blocks and native chunks per segment, all-reduces pipelined in 1 to 8
-    # parts of at least 128 KiB.
-    _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 128 << 10), timeout=240))
+    # several codec blocks and native chunks per segment, all-reduces pipelined in 5 parts.
+    _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 5), timeout=240))
+
+
+def hierarchical_world(rank, ws, parts):
+    """The native hierarchical all-reduce (the pycomm world, its nodes PYCOMM_RANKS_PER_NODE
+    ranks) against the layered one over gloo, in ``parts`` parts where given; returns the
+    cases whose bits differ and the algorithms the layered calls ran."""
+    import pycomm
+
+    if parts:
+        _cut_in_parts(parts)
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    differ, ran = [], set()
+    cases = [(dtype, op, count, codec) for dtype in (torch.float32, torch.bfloat16) for op in ("SUM", "AVG", "PREMUL_SUM")
+             for count in (1, 7, 1001, 65537) for codec in (None, "fp16", "fp8_e4m3", "fp8_e5m2")]
+    for i, (dtype, op, count, codec) in enumerate(cases):
+        x = _values(rank, count, dtype, i)
+        native, layered = x.clone(), x.clone()
+        pycomm.all_reduce(native, _op(op), algorithm="hierarchical", compression=codec)
+        work = pycomm.all_reduce(layered, _op(op), group=gloo, algorithm="hierarchical", compression=codec,
+                                 async_op=True)
+        work.wait()
+        ran.add(work.algorithm)
+        if not torch.equal(_bits(native), _bits(layered)):
+            differ.append((str(dtype), op, count, codec))
+    return differ, ran
+
+
+@pytest.mark.parametrize("ws,per_host,parts", [(4, 2, None), (4, 2, 3), (6, 3, 2)])
+def test_layered_hierarchical_equals_native_hierarchical(ws, per_host, parts):
+    # PYCOMM_RANKS_PER_NODE stands for hosts on one machine, for pycomm groups and layered
+    # calls alike; 2 hosts of 2 or 3 ranks, where the native hierarchical folds the host
+    # partials in host order coded and uncoded.
+    results = run_world(hierarchical_world, ws, args=(parts,), env={"PYCOMM_RANKS_PER_NODE": str(per_host)},
+                        timeout=300)
+    for rank, (differ, ran) in enumerate(results):
+        assert not differ, f"rank {rank}: layered and native hierarchical differ in {len(differ)} cases: {differ[:4]}"
+        assert ran == {"layered-hierarchical over gloo"}, ran
+
+
+def test_layered_plan():
+    from pycomm import _C
+
+    def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False):
+        options = _C.layered_options("allreduce", torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
+        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, across, cuda)
+
+    one_host, two_hosts, three_hosts = [0] * 4, [0, 0, 1, 1], [0, 0, 1, 1, 2, 2]
+    gbit = (100.0, 125.0)  # a 1 Gbit/s link between hosts, 100 us
+    assert plan(1000, one_host).variant == "layered-direct"
+    large = plan(16 << 20, two_hosts, across=gbit)
+    assert (large.variant, large.fallback) == ("layered-hierarchical", ""), large.variant
+    assert large.parts > 1 and large.predicted_us < plan(16 << 20, two_hosts, across=gbit,
+                                                         algorithm="twoshot").predicted_us
+    assert plan(16 << 20, two_hosts, across=gbit, cuda=True).parts == 1  # one stream: nothing overlaps
+    assert plan(16 << 20, one_host, codec="none").parts > 1
+    assert plan(1000, one_host, codec="none").parts == 1
+    # Where the native hierarchical's bits differ or it does not run, the direct algorithm.
+    for host_of, codec, determinism, why in [
+            (three_hosts, "none", "0", "ring order"), (two_hosts, "fp8_e4m3", "1", "deterministic modes"),
+            ([0, 1, 0, 1], "fp8_e4m3", "0", "host by host"), ([0, 0, 1], "fp8_e4m3", "0", "same number")]:
+        p = plan(16 << 20, host_of, codec=codec, determinism=determinism, across=gbit, algorithm="hierarchical")
+        assert p.variant == "layered-direct" and why in p.fallback, (host_of, p.fallback)
+    assert plan(16 << 20, three_hosts, across=gbit).variant == "layered-hierarchical"
+    assert "not an algorithm of the layered path" in plan(1000, one_host, algorithm="ring").fallback
 
 
 def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
@@ -223,23 +299,26 @@ def observability_world(rank, ws):
     assert work.algorithm == "layered-direct over gloo", work.algorithm
     assert (work.compression, work.determinism) == ("bf16", "exact")
     assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
-    with pytest.raises(ValueError, match="layered direct algorithm"):
-        pycomm.all_reduce(t, group=gloo, algorithm="ring")
+    # A family the layered path has not: the plan's choice runs, and the line says why.
+    _, fallback = capture_stderr(lambda: pycomm.all_reduce(t, group=gloo, algorithm="ring"))
     stats = pycomm.stats(gloo)  # kept as a pycomm group keeps its own
     counters = stats["collectives"]["allreduce"]["layered-direct"]
-    assert (counters["calls"], counters["failures"], counters["bytes"]) == (1, 0, 4000), counters
+    assert (counters["calls"], counters["failures"], counters["bytes"]) == (2, 0, 8000), counters
     assert stats["mover"] == "gloo" and stats["last"]["state"] == "completed", stats
     entries = pycomm.flight_recorder(gloo)["entries"]
     assert [(e["collective"], e["algorithm"], e["compression"], e["determinism"], e["state"]) for e in entries] == [
-        ("allreduce", "layered-direct", "bf16", "exact", "completed")], entries
-    return log
+        ("allreduce", "layered-direct", "bf16", "exact", "completed"),
+        ("allreduce", "layered-direct", "none", "0", "completed")], entries
+    return log, fallback
 
 
 def test_work_stats_and_log_line():
     logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
-    assert "allreduce #1 (float32, sum, 1000 elements, layered-direct, bf16/" in logs[0]
-    assert "4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0]
-    assert "layered-direct" not in logs[1]  # INFO: rank 0 logs each operation
+    assert "allreduce #1 (float32, sum, 1000 elements, layered-direct, bf16/" in logs[0][0]
+    assert "4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0][0]
+    assert "ring is not an algorithm of the layered path (twoshot, hierarchical, auto), 4000 B, algorithm " \
+           "layered-direct over gloo" in logs[0][1], logs[0][1]
+    assert "layered-direct" not in logs[1][0] + logs[1][1]  # INFO: rank 0 logs each operation
 
 
 def mover_fails_world(rank, ws, how):

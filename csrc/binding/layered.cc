@@ -51,18 +51,53 @@ void check_operand(const at::Tensor& t, const at::Device& device, size_t bytes, 
 }  // namespace
 
 LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
-                               const std::string& compression, const std::string& determinism) {
+                               const std::string& algorithm, const std::string& compression,
+                               const std::string& determinism) {
   const Collective c = parse_layered_collective(collective);
   return guard([&] {
     const Config config = Config::from_env();
     CallOptions o = config.options_for(c);
+    if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
     if (!compression.empty()) o.compression = parse<Compression>(compression);
     if (!determinism.empty()) o.determinism = parse<Determinism>(determinism);
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
     return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
-                          static_cast<int64_t>(config.compression_block), name_of(o.determinism)};
+                          static_cast<int64_t>(config.compression_block), name_of(o.determinism),
+                          name_of(o.algorithm)};
   });
+}
+
+LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
+                         const LayeredOptions& options, const std::vector<int>& host_of,
+                         std::pair<double, double> across, bool device_memory) {
+  TORCH_CHECK_VALUE(count >= 0 && !host_of.empty(), "pycomm: layered_plan of ", count, " elements over ",
+                    host_of.size(), " ranks");
+  return guard([&] {
+    const Topology topology = Topology::from_node_of(host_of);
+    LayeredPlanInput in;
+    in.collective = parse_layered_collective(collective);
+    in.dtype = to_core(dtype);
+    in.count = static_cast<size_t>(count);
+    in.options.algorithm = parse<Algorithm>(options.algorithm);
+    in.options.compression = parse<Compression>(options.codec);
+    in.options.compression_block = static_cast<size_t>(options.block);
+    in.options.determinism = parse<Determinism>(options.determinism);
+    in.topology = &topology;
+    if (across.second > 0) in.costs.links.inter = {across.first, across.second};
+    in.device_memory = device_memory;
+    return plan_layered(in);
+  });
+}
+
+std::vector<int> hosts_of(const std::vector<std::string>& keys) {
+  const int per_host = guard([] { return Config::from_env().ranks_per_node; });
+  std::map<std::string, int> numbered;
+  std::vector<int> host_of;
+  for (size_t r = 0; r < keys.size(); ++r)
+    host_of.push_back(per_host > 0 ? static_cast<int>(r) / per_host
+                                   : numbered.emplace(keys[r], static_cast<int>(numbered.size())).first->second);
+  return host_of;
 }
 
 std::string kernel_choice() {
@@ -141,8 +176,8 @@ LayeredRecorder::LayeredRecorder(const std::string& group, int64_t rank, int64_t
       recorder_(config_.flight_recorder_entries) {}
 
 int64_t LayeredRecorder::begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
-                               const c10d::ReduceOp& op, const std::string& codec, int64_t block,
-                               const std::string& determinism, int64_t bytes, int64_t device) {
+                               const c10d::ReduceOp& op, const LayeredOptions& options, const LayeredPlan& plan,
+                               int64_t bytes, int64_t device) {
   OpStamp s;
   guard([&] {
     const Collective c = parse_layered_collective(collective);
@@ -150,24 +185,24 @@ int64_t LayeredRecorder::begin(const std::string& collective, int64_t seq, at::S
     s.collective = static_cast<uint8_t>(c);
     s.dtype = static_cast<uint8_t>(t);
     if (reduces(c)) s.reduce = static_cast<uint8_t>(normalized(t, to_core(op)).kind);
-    s.compression = static_cast<uint8_t>(parse<Compression>(codec));
-    s.determinism = static_cast<uint8_t>(parse<Determinism>(determinism));
+    s.compression = static_cast<uint8_t>(parse<Compression>(options.codec));
+    s.determinism = static_cast<uint8_t>(parse<Determinism>(options.determinism));
   });
   s.seq = static_cast<uint64_t>(seq);
   s.count = static_cast<uint64_t>(count);
-  s.variant = static_cast<uint8_t>(Variant::Layered);
+  s.variant = static_cast<uint8_t>(plan.variant);
   if (s.compression)
-    while ((int64_t{1} << s.compression_block) < block) ++s.compression_block;
+    while ((int64_t{1} << s.compression_block) < options.block) ++s.compression_block;
   const auto id = static_cast<int64_t>(
       recorder_.begin(s, static_cast<uint64_t>(bytes), static_cast<int>(device), std::chrono::steady_clock::now()));
   std::lock_guard<std::mutex> lock(mutex_);
-  running_[id] = {s, bytes};
+  running_[id] = {s, bytes, plan.fallback};
   return id;
 }
 
 void LayeredRecorder::completed(int64_t id) {
   const double us = recorder_.end(static_cast<uint64_t>(id));
-  std::pair<OpStamp, int64_t> op;
+  Running op;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     op = running_.at(id);
@@ -175,10 +210,12 @@ void LayeredRecorder::completed(int64_t id) {
   }
   // As a pycomm group logs: INFO on rank 0, TRACE on every rank.
   if (config_.log_level >= LogLevel::Trace || (config_.log_level >= LogLevel::Info && who_.rank == 0)) {
-    const OpStamp& s = op.first;
+    const OpStamp& s = op.stamp;
     std::ostringstream line;
-    line << "pycomm: group '" << who_.group << "': " << describe(s) << ": " << op.second << " B, algorithm "
-         << name_of(Variant::Layered) << " over " << mover_ << ", compression "
+    line << "pycomm: group '" << who_.group << "': " << describe(s) << ": ";
+    if (!op.fallback.empty()) line << op.fallback << ", ";
+    line << op.bytes << " B, algorithm " << name_of(static_cast<Variant>(s.variant)) << " over " << mover_
+         << ", compression "
          << name_of(static_cast<Compression>(s.compression)) << ", determinism "
          << name_of(static_cast<Determinism>(s.determinism)) << ", " << std::fixed << std::setprecision(1) << us
          << " us";

@@ -3,6 +3,7 @@
 // mpi, ...), that group only moving bytes. Each step is the native path's own definition,
 // so both paths give the same bits:
 //   layered_options  the options a call runs with, by the native path's rules;
+//   layered_plan     which layered algorithm runs it, in how many parts (runtime/plan.h);
 //   segment_begins   how a buffer splits over the ranks (Segments, algorithm.h);
 //   fold             DeviceOps::reduce_terms on tensors, on their device;
 //   LayeredRecorder  the record of the operations, as a pycomm group keeps its own.
@@ -21,6 +22,7 @@
 
 #include "core/config.h"
 #include "device/device_ops.h"
+#include "runtime/plan.h"
 #include "runtime/recorder.h"
 
 namespace pycomm {
@@ -32,11 +34,26 @@ struct LayeredOptions {
   std::string codec;        // "none" when the call runs uncompressed
   int64_t block = 0;        // PYCOMM_COMPRESSION_BLOCK
   std::string determinism;  // "0", "1" or "exact"
+  std::string algorithm;    // the requested family: "auto", "twoshot" (direct), "hierarchical", ...
 };
 // The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
 // `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.
 LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
-                               const std::string& compression, const std::string& determinism);
+                               const std::string& algorithm, const std::string& compression,
+                               const std::string& determinism);
+
+// The plan of a layered call of `count` elements with `options`, over a mover whose ranks
+// are on the hosts `host_of` (host indices in order of first appearance), on device
+// memory or not; `across` the measured (latency_us, bytes_per_us) of a link between hosts
+// ((0, 0): the plan's default, see MoverCosts).
+LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
+                         const LayeredOptions& options, const std::vector<int>& host_of,
+                         std::pair<double, double> across, bool device_memory);
+
+// Which host each of `keys` (one per rank, e.g. pycomm.host_key()'s) is on: ranks with
+// equal keys share a host, hosts numbered in order of first appearance; with
+// PYCOMM_RANKS_PER_NODE, rank r is on host r / that many, as a pycomm group counts nodes.
+std::vector<int> hosts_of(const std::vector<std::string>& keys);
 
 // PYCOMM_KERNELS: "auto", "cuda" or "triton".
 std::string kernel_choice();
@@ -66,7 +83,7 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
 // This rank's record of the layered operations on one group, kept by the native path's
 // Recorder and knobs: the counters of pycomm.stats, the flight recorder (PYCOMM_FLIGHT_
 // RECORDER operations, written to a file when one fails) and the INFO line of each
-// operation (PYCOMM_DEBUG). Operations carry the variant "layered-direct". Thread-safe:
+// operation (PYCOMM_DEBUG). Operations carry their plan's variant. Thread-safe:
 // a group's calls may end on its lane while the caller reads.
 class LayeredRecorder {
  public:
@@ -74,8 +91,8 @@ class LayeredRecorder {
   // Begins an operation: `count` elements of `dtype` (the call's tensor), `bytes` as
   // nccl-tests counts S, on CUDA device `device` or host memory (-1). Returns its id.
   int64_t begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
-                const c10d::ReduceOp& op, const std::string& codec, int64_t block, const std::string& determinism,
-                int64_t bytes, int64_t device);
+                const c10d::ReduceOp& op, const LayeredOptions& options, const LayeredPlan& plan, int64_t bytes,
+                int64_t device);
   void completed(int64_t id);
   // Ends operation `id` as failed with `error`; returns the flight recorder's file, or ""
   // where it keeps no operations.
@@ -91,7 +108,12 @@ class LayeredRecorder {
   const std::string mover_;
   Recorder recorder_;
   std::mutex mutex_;
-  std::map<int64_t, std::pair<OpStamp, int64_t>> running_;  // stamp and bytes, for the INFO line
+  struct Running {
+    OpStamp stamp;
+    int64_t bytes;
+    std::string fallback;
+  };
+  std::map<int64_t, Running> running_;  // for the INFO line
 };
 
 }  // namespace pycomm

@@ -143,13 +143,18 @@ PYBIND11_MODULE(_C, m) {
   py::class_<pycomm::LayeredOptions>(m, "LayeredOptions")
       .def_readonly("codec", &pycomm::LayeredOptions::codec)
       .def_readonly("block", &pycomm::LayeredOptions::block)
-      .def_readonly("determinism", &pycomm::LayeredOptions::determinism);
+      .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
+      .def_readonly("algorithm", &pycomm::LayeredOptions::algorithm);
+  py::class_<pycomm::LayeredPlan>(m, "LayeredPlan")
+      .def_property_readonly("variant", [](const pycomm::LayeredPlan& p) { return std::string(pycomm::name_of(p.variant)); })
+      .def_readwrite("parts", &pycomm::LayeredPlan::parts)  // written by tests, to cut a call in more parts
+      .def_readonly("predicted_us", &pycomm::LayeredPlan::predicted_us)
+      .def_readonly("fallback", &pycomm::LayeredPlan::fallback);
   py::class_<pycomm::LayeredRecorder>(m, "LayeredRecorder")
       .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("group"), py::arg("rank"),
            py::arg("size"), py::arg("mover"))
       .def("begin", &pycomm::LayeredRecorder::begin, py::arg("collective"), py::arg("seq"), py::arg("dtype"),
-           py::arg("count"), py::arg("op"), py::arg("codec"), py::arg("block"), py::arg("determinism"),
-           py::arg("bytes"), py::arg("device"))
+           py::arg("count"), py::arg("op"), py::arg("options"), py::arg("plan"), py::arg("bytes"), py::arg("device"))
       .def("completed", &pycomm::LayeredRecorder::completed, py::arg("id"))
       .def("failed", &pycomm::LayeredRecorder::failed, py::arg("id"), py::arg("error"))
       // The names a pycomm backend gives its own record (pycomm.stats, flight_recorder).
@@ -158,7 +163,12 @@ PYBIND11_MODULE(_C, m) {
       .def("_dump_flight_recorder", &pycomm::LayeredRecorder::dump_flight_recorder, py::arg("path"));
   m.def("kernel_choice", &pycomm::kernel_choice);
   m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
-        py::arg("compression"), py::arg("determinism"));
+        py::arg("algorithm"), py::arg("compression"), py::arg("determinism"));
+  m.def("layered_plan", &pycomm::layered_plan, py::arg("collective"), py::arg("dtype"), py::arg("count"),
+        py::arg("options"), py::arg("host_of"), py::arg("across") = std::make_pair(0.0, 0.0),
+        py::arg("device_memory") = false);
+  m.def("host_key", &pycomm::host_key);
+  m.def("hosts_of", &pycomm::hosts_of, py::arg("keys"));
   m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));
   m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
   m.def("encoded_size", &pycomm::encoded_size, py::arg("codec"), py::arg("block"), py::arg("count"));

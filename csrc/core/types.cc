@@ -67,7 +67,8 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::Chain, "chain"}, {Variant::Pairwise, "pairwise"}, {Variant::P2P, "p2p"},
       {Variant::Dissemination, "dissemination"}, {Variant::RecursiveDoubling, "recursive-doubling"},
       {Variant::RecursiveHalving, "recursive-halving"}, {Variant::Bruck, "bruck"},
-      {Variant::Layered, "layered-direct"}}};
+      {Variant::LayeredDirect, "layered-direct"},
+      {Variant::LayeredHierarchical, "layered-hierarchical"}}};
   return t;
 }
 

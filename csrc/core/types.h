@@ -106,7 +106,9 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
   Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
-  Layered,  // pycomm's reductions over a group of another backend (pycomm/layered.py)
+  // pycomm's reductions over a group of another backend (pycomm/layered.py): its direct
+  // algorithm, and its hierarchical one (within hosts, then across them).
+  LayeredDirect, LayeredHierarchical,
 };
 
 // Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what

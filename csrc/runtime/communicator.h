@@ -26,6 +26,10 @@
 
 namespace pycomm {
 
+// This process's host, as groups tell nodes apart (rendezvous.cc): equal exactly for
+// processes that can map each other's shared memory and see each other's pids.
+std::string host_key();
+
 class Communicator {
  public:
   // Rendezvous through `store` (keys private to this group); blocks until every rank of

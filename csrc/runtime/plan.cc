@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -422,6 +424,103 @@ Plan make_plan(const PlanInput& in) {
   }
   p.fallback = fallback;
   return p;
+}
+
+
+namespace {
+
+// A pipeline of `parts` parts over resources that work at once (the mover's links, this
+// rank's own steps): the busiest resource's whole time, the others' for one part (filling
+// and draining), and the fixed costs of every part's collectives. On device memory every
+// step is enqueued on one stream: nothing overlaps, and parts only add launches.
+double pipelined_us(const std::vector<double>& resources_us, double collectives, size_t parts,
+                    const LayeredPlanInput& in) {
+  double total = 0, longest = 0;
+  for (double r : resources_us) total += r, longest = std::max(longest, r);
+  const double fixed = static_cast<double>(parts) * collectives * in.costs.collective_us;
+  if (in.device_memory) return fixed + total;
+  return fixed + longest + (total - longest) / static_cast<double>(parts);
+}
+
+// The cheapest number of parts, at most `most`, and its time.
+std::pair<size_t, double> best_parts(const std::vector<double>& resources_us, double collectives, size_t most,
+                                     const LayeredPlanInput& in) {
+  std::pair<size_t, double> best{1, pipelined_us(resources_us, collectives, 1, in)};
+  for (size_t p = 2; p <= std::min(most, in.device_memory ? size_t{1} : kMaxLayeredParts); ++p) {
+    const double t = pipelined_us(resources_us, collectives, p, in);
+    if (t < best.second) best = {p, t};
+  }
+  return best;
+}
+
+bool layered_hierarchical_applies(const LayeredPlanInput& in, std::string* why) {
+  const Topology& t = *in.topology;
+  if (in.collective != Collective::AllReduce) return say(why, "the layered path runs all-reduce alone hierarchically");
+  if (in.options.determinism != Determinism::Default) return say(why, kPartialSumsTravel);
+  if (t.node_count() < 2) return say(why, "hierarchical needs more than one host");
+  if (!t.uniform()) return say(why, "hierarchical needs the same number of ranks on every host");
+  if (t.ranks_per_node() < 2) return say(why, "with one rank per host hierarchical is the direct algorithm");
+  for (int r = 1; r < t.world(); ++r)
+    if (t.node_of[r] < t.node_of[r - 1]) return say(why, "hierarchical needs ranks numbered host by host");
+  // Uncompressed, the native hierarchical folds the host partials in ring order, which
+  // equals any other order for two terms only.
+  if (in.options.compression == Compression::None && t.node_count() > 2)
+    return say(why, "uncompressed across more than 2 hosts the native hierarchical folds in ring order");
+  return true;
+}
+
+}  // namespace
+
+LayeredPlan plan_layered(const LayeredPlanInput& in) {
+  const Topology& t = *in.topology;
+  const double n = t.world(), N = t.node_count(), L = t.uniform() ? t.ranks_per_node() : 1;
+  const bool coded = in.options.compression != Compression::None;
+  const size_t unit = coded ? in.options.compression_block : 1;
+  const double B = static_cast<double>(in.count * element_size(in.dtype));
+  const double W = coded ? static_cast<double>(encoded_bytes(in.options.compression, unit, in.count)) : B;
+  const LinkCosts& links = in.costs.links;
+  const double own_us = 3 * B / in.costs.own_bytes_per_us;  // encode, fold, decode: about 3 B of traffic
+
+  LayeredPlan direct;
+  direct.variant = Variant::LayeredDirect;
+  {
+    // All-to-all then all-gather (a ring on most movers): 2 (n-1)/n W per rank; across
+    // hosts the all-to-all sends L (n-L)/n W out of each host, the ring (n-1)/n W.
+    const double rank_us = 2 * (n - 1) / n * W / links.intra.bytes_per_us;
+    const double host_us = N > 1 ? (L * (n - L) / n + (n - 1) / n) * W / links.inter.bytes_per_us : 0;
+    const double collectives = in.collective == Collective::AllReduce ? 2 : 1;
+    const size_t most = in.collective == Collective::AllReduce
+                            ? std::max<size_t>(1, in.count / (static_cast<size_t>(n) * unit)) : 1;
+    std::tie(direct.parts, direct.predicted_us) =
+        best_parts({std::max(rank_us, host_us), own_us}, collectives, most, in);
+  }
+  std::string why;
+  const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
+  LayeredPlan hierarchical;
+  if (hierarchical_ok) {
+    // Within the host 2 (L-1)/L B per rank, uncompressed; across hosts 2 (N-1)/N W out of
+    // each host; one more copy of the input on this rank (the shards' pieces gathered).
+    hierarchical.variant = Variant::LayeredHierarchical;
+    const double within_us = 2 * (L - 1) / L * B / links.intra.bytes_per_us;
+    const double across_us = 2 * (N - 1) / N * W / links.inter.bytes_per_us;
+    const size_t most = std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit);
+    std::tie(hierarchical.parts, hierarchical.predicted_us) =
+        best_parts({within_us, across_us, own_us + B / in.costs.own_bytes_per_us}, 4, most, in);
+  }
+  switch (in.options.algorithm) {
+    case Algorithm::Auto:
+      return hierarchical_ok && hierarchical.predicted_us < direct.predicted_us ? hierarchical : direct;
+    case Algorithm::TwoShot:
+      return direct;
+    case Algorithm::Hierarchical:
+      if (hierarchical_ok) return hierarchical;
+      direct.fallback = "hierarchical cannot serve this call (" + why + ")";
+      return direct;
+    default:
+      direct.fallback = std::string(name_of(in.options.algorithm)) +
+                        " is not an algorithm of the layered path (twoshot, hierarchical, auto)";
+      return hierarchical_ok && hierarchical.predicted_us < direct.predicted_us ? hierarchical : direct;
+  }
 }
 
 }  // namespace pycomm

@@ -59,3 +59,53 @@ Plan make_plan(const PlanInput& in);
 bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why = nullptr);
 
 }  // namespace pycomm
+
+namespace pycomm {
+
+// ---- The layered path's plan (pycomm/layered.py) ----
+// Over a group of another backend (the mover), pycomm's all-reduce runs as
+//   layered-direct: one all-to-all of every rank's segments, the owner's fold, one
+//     all-gather of the results (2 collectives), or
+//   layered-hierarchical: within each host an all-to-all of the shards and the local fold,
+//     across hosts the direct step on the host partials (an all-to-all and an all-gather
+//     among the ranks of one local index), within the host an all-gather (4 collectives).
+//     Its bits are the native hierarchical's, so it runs where that one does (several
+//     hosts of equal rank counts, mode 0) and where the fold orders agree: coded calls
+//     (the native one folds the host partials in host order then too), or 2 hosts.
+// A large call runs in parts, pipelined: while the mover carries one part, this rank
+// encodes, folds and decodes others.
+
+// What the mover costs: one collective's fixed cost, its links within a host and across
+// hosts (per rank and per host link, as LinkCosts), and the rate of pycomm's own steps on
+// each rank. The links across hosts are measured by the layered path when the group spans
+// several hosts; the rest are the defaults below, stated rather than measured.
+struct MoverCosts {
+  double collective_us = 250;      // a collective's fixed cost on the mover (gloo's on one host: 0.1-1 ms)
+  LinkCosts links{{0, 2000}, {0, 1250}};  // within a host 2 GB/s (loopback TCP); across 1.25 GB/s (10 GbE)
+  double own_bytes_per_us = 4000;  // memory traffic of encode, fold and decode on one core
+};
+
+struct LayeredPlanInput {
+  Collective collective = Collective::AllReduce;
+  DataType dtype = DataType::Float32;
+  size_t count = 0;        // elements of the call's tensor (all ranks' segments for RS/AG)
+  CallOptions options;     // the requested family (Auto, TwoShot or Hierarchical), codec, determinism
+  const Topology* topology = nullptr;  // the mover group's ranks by host
+  MoverCosts costs;
+  bool device_memory = false;  // CUDA tensors: every step is enqueued on one stream, nothing overlaps
+};
+
+struct LayeredPlan {
+  Variant variant = Variant::LayeredDirect;
+  size_t parts = 1;         // all-reduce: pipelined parts (each whole codec blocks of every segment)
+  double predicted_us = 0;
+  std::string fallback;     // non-empty: why the requested family was not used
+};
+
+LayeredPlan plan_layered(const LayeredPlanInput& in);
+
+// At most this many parts: more buy at most the last eighth of the shorter of the
+// mover's and this rank's work.
+constexpr size_t kMaxLayeredParts = 8;
+
+}  // namespace pycomm

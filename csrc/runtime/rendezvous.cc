@@ -35,15 +35,6 @@ std::string hostname() {
   return buf;
 }
 
-// Equal exactly for processes that can map each other's /dev/shm segments and see each
-// other's pids: the same boot of the same machine, mount, pid and network namespace (a
-// network namespace stands for a separate host in multi-host tests).
-std::string host_key() {
-  return hostname() + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" +
-         link_target("/proc/self/ns/mnt") + "|" + link_target("/proc/self/ns/pid") + "|" +
-         link_target("/proc/self/ns/net");
-}
-
 std::string random_secret() {
   unsigned char raw[32];
   if (getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw))
@@ -96,8 +87,15 @@ int cores_available() {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
-
 }  // namespace
+
+// The same boot of the same machine, mount, pid and network namespace (a network
+// namespace stands for a separate host in multi-host tests).
+std::string host_key() {
+  return hostname() + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" +
+         link_target("/proc/self/ns/mnt") + "|" + link_target("/proc/self/ns/pid") + "|" +
+         link_target("/proc/self/ns/net");
+}
 
 // Rendezvous data: pid, hostname, host key, shared knobs, world size; fields are
 // separated by \x1f, which none of them contains.
