@@ -29,7 +29,9 @@ in mode 0 may run as the native hierarchical one (``layered-hierarchical``, see
 _hierarchical_part): within each host an all-to-all of the shards and the local fold,
 across hosts the direct algorithm on the host partials among the ranks of one local
 index (subgroups of the mover made at the group's first call), within the host an
-all-gather; only a share of 1/L of the bytes crosses the link between hosts.
+all-gather; only a share of 1/L of the bytes crosses the link between hosts. The direct
+algorithm may gather its results through the same subgroups, across hosts then within
+them (``layered-direct+host-gather``): the same bytes, fewer of them on the link.
 
 The mover never reduces, so its algorithm, channel count or protocol cannot change a bit:
 for the same inputs, world size and options the result equals the native path's (its
@@ -166,7 +168,7 @@ class _GroupRecord:
         self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover)
         self.options = {}  # the options of each kind of call, read from the environment once
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
-        self.hosts = None  # (host_of, host_team, column_team, across): see _hosts
+        self.hosts = None  # (host_of, host_team, column_team, (within, across)): see _hosts
 
     def hosts_of(self, group, device):
         """_hosts of the group, found as the first steps of its first call on every rank
@@ -185,15 +187,15 @@ def _hosts(group, device):
     gathered once by the mover), and, where the hierarchical algorithm could run (several
     hosts of L >= 2 ranks each, numbered host by host), the mover's subgroups of this
     rank's host and of its column (the ranks of its local index, one per host, in host
-    order), with the link between hosts measured through them: ``(latency_us,
-    bytes_per_us)`` of a host's link, the slowest rank's view, the same on every rank."""
+    order), with the mover's links measured through them (_measure_links; (0, 0): not
+    measured)."""
     key = int.from_bytes(hashlib.blake2b(_C.host_key().encode(), digest_size=8).digest(), "little", signed=True)
     keys = torch.empty(group.size(), dtype=torch.int64, device=device)
     getattr(dist, _ALL_GATHER)(keys, torch.tensor([key], device=device), group=group)
     host_of = _C.hosts_of([str(k) for k in keys.tolist()])
     hosts = [[r for r, h in enumerate(host_of) if h == host] for host in range(max(host_of) + 1)]
     if len(hosts) < 2 or len({len(h) for h in hosts}) > 1 or len(hosts[0]) < 2 or host_of != sorted(host_of):
-        return host_of, None, None, (0.0, 0.0)
+        return host_of, None, None, ((0.0, 0.0), (0.0, 0.0))
     ranks = dist.get_process_group_ranks(group)
     me = group.rank()
     local = hosts[host_of[me]].index(me)
@@ -201,33 +203,39 @@ def _hosts(group, device):
     host_team = dist.new_group([ranks[r] for r in hosts[host_of[me]]], backend=backend,
                                use_local_synchronization=True)
     column_team = dist.new_group([ranks[h[local]] for h in hosts], backend=backend, use_local_synchronization=True)
-    return host_of, host_team, column_team, _measure_across(group, column_team, len(hosts[0]), device)
+    return host_of, host_team, column_team, _measure_links(group, host_team, column_team, device)
 
 
-# What the link between hosts is measured with: an all-to-all of this many bytes per peer
-# among the ranks of each local index at once (all of a host's ranks share its link).
+# What the mover's links are measured with: an all-to-all of this many bytes per peer,
+# among the ranks of each host at once, then among the ranks of each local index at once
+# (all of a host's ranks share its link).
 _PROBE_BYTES = 1 << 20
 
 
-def _measure_across(group, column_team, ranks_per_host, device):
-    hosts = column_team.size()
-
-    def timed(nbytes):
-        send = torch.zeros(nbytes * hosts, dtype=torch.uint8, device=device)
+def _measure_links(group, host_team, column_team, device):
+    """(latency_us, bytes_per_us) of the mover within a host (per rank) and of the link
+    between hosts (per host), the slowest rank's view, the same on every rank."""
+    def timed(team, nbytes):
+        send = torch.zeros(nbytes * team.size(), dtype=torch.uint8, device=device)
         recv = torch.empty_like(send)
         dist.barrier(group=group)
         start = time.perf_counter()
-        dist.all_to_all_single(recv, send, group=column_team)
+        dist.all_to_all_single(recv, send, group=team)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - start) * 1e6
 
-    timed(_PROBE_BYTES)  # connections made, buffers touched
-    seen = torch.tensor([timed(1), timed(_PROBE_BYTES)], dtype=torch.float64, device=device)
+    seen = []
+    for team in (host_team, column_team):
+        timed(team, _PROBE_BYTES)  # connections made, buffers touched
+        seen += [timed(team, 1), timed(team, _PROBE_BYTES)]
+    seen = torch.tensor(seen, dtype=torch.float64, device=device)
     dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
-    latency_us, probe_us = seen.tolist()
-    host_out = ranks_per_host * (hosts - 1) * _PROBE_BYTES
-    return latency_us, host_out / max(probe_us - latency_us, 1.0)
+    within_latency, within_us, across_latency, across_us = seen.tolist()
+    per_rank = (host_team.size() - 1) * _PROBE_BYTES
+    per_host = host_team.size() * (column_team.size() - 1) * _PROBE_BYTES
+    return ((within_latency, per_rank / max(within_us - within_latency, 1.0)),
+            (across_latency, per_host / max(across_us - across_latency, 1.0)))
 
 
 _records: dict[str, tuple[int, _GroupRecord]] = {}
@@ -296,10 +304,10 @@ class _Call:
         """The plan (where it runs: the hosts of the mover's ranks are found by the group's
         first call, as its first collectives) and the start of the record."""
         try:
-            host_of, self.host_team, self.column_team, across = self.record.hosts_of(self.group, self.device)
+            host_of, self.host_team, self.column_team, links = self.record.hosts_of(self.group, self.device)
         except Exception as e:
             self.fail("finding the mover's hosts", e)
-        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, host_of, across,
+        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, host_of, *links,
                                     self.device.type == "cuda")
         self.algorithm = f"{self.plan.variant} over {self.record.mover}"
         self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
@@ -564,16 +572,27 @@ def _direct_part(call, part):
     result = torch.zeros(width, dtype=torch.uint8, device=part.device)
     call.wait(moving)
     call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-    if not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
-        moving, gathered = call.move(_ALL_GATHER, _bytes(part), result), None
+    if call.plan.variant == "layered-direct+host-gather":
+        # Across hosts among the ranks of this local index (rank h L + l is host h's
+        # local rank l), then within the host: block l N + h of ``gathered`` is rank h L + l's.
+        column = torch.empty(call.column_team.size() * width, dtype=torch.uint8, device=part.device)
+        moving = call.move(_ALL_GATHER, column, result, group=call.column_team)
+        yield
+        call.wait(moving)
+        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
+        moving = call.move(_ALL_GATHER, gathered, column, group=call.host_team)
+        hosts, per_host = call.column_team.size(), call.host_team.size()
+        blocks = _pieces(gathered, [width] * n)
+        blocks = [blocks[(s % per_host) * hosts + s // per_host] for s in range(n)]
+    elif not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
+        moving, blocks = call.move(_ALL_GATHER, _bytes(part), result), None
     else:
         gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
         moving = call.move(_ALL_GATHER, gathered, result)
+        blocks = _pieces(gathered, [width] * n)
     yield
     call.wait(moving)
-    if gathered is None:
-        return
-    for s, block in enumerate(_pieces(gathered, [width] * n)):
+    for s, block in enumerate(blocks or []):
         segment, length = part[begins[s]:begins[s + 1]], lengths[s]
         if coded:  # decoding alone: the result was finalized before it was encoded
             call.fold(segment, [block[:wire(length)]], [Form.Encoded], length, Stage.Final, op=dist.ReduceOp.SUM)

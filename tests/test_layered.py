@@ -107,13 +107,32 @@ def _cut_in_parts(parts):
     _C.layered_plan = plan
 
 
-def layered_equals_native_world(rank, ws, sizes, parts=None):
+def _slow_link_between_hosts():
+    """Makes the layered plans price the link between hosts at 1 byte per microsecond
+    (what the first call measured, written over), so that they send the fewest bytes
+    across it."""
+    from pycomm import _C
+
+    planned = _C.layered_plan
+
+    def plan(collective, dtype, count, options, host_of, within, across, device_memory):
+        return planned(collective, dtype, count, options, host_of, within, (0.0, 1.0), device_memory)
+
+    _C.layered_plan = plan
+
+
+def layered_equals_native_world(rank, ws, sizes, parts=None, slow_hosts=False):
     """Every case on the native path (the pycomm world) and the layered path (a gloo group
-    of the same ranks); returns the cases whose outcomes differ, and a digest of the
-    layered all-reduce and all-gather results, which must be the same on every rank.
-    ``parts``: all-reduces cut in that many parts."""
+    of the same ranks); returns the cases whose outcomes differ, a digest of the layered
+    all-reduce and all-gather results, which must be the same on every rank, the number
+    of cases and the algorithms the layered all-reduces ran. ``parts``: all-reduces cut in
+    that many parts; ``slow_hosts``: see _slow_link_between_hosts."""
+    import pycomm
+
     if parts:
         _cut_in_parts(parts)
+    if slow_hosts:
+        _slow_link_between_hosts()
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     differ, digest = [], hashlib.sha256()
     for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
@@ -126,13 +145,13 @@ def layered_equals_native_world(rank, ws, sizes, parts=None):
             differ.append((collective, str(dtype), op, count, codec, mode, str(native)[:200], str(layered)[:200]))
         if collective != "reduce_scatter":  # the results every rank holds alike
             digest.update(layered[1].numpy().tobytes() if layered[0] == "ok" else repr(layered).encode())
-    return differ, digest.hexdigest(), len(cases_for(ws, sizes))
+    return differ, digest.hexdigest(), len(cases_for(ws, sizes)), set(pycomm.stats(gloo)["collectives"]["allreduce"])
 
 
 def _check_world(results):
-    differ, digest, n_cases = results[0]
+    differ, digest, n_cases, _ = results[0]
     assert n_cases > 0
-    for rank, (d, h, _) in enumerate(results):
+    for rank, (d, h, _, _) in enumerate(results):
         assert not d, f"rank {rank}: layered and native differ in {len(d)} cases, e.g. {d[:3]}"
         assert h == digest, f"rank {rank}'s layered results differ from rank 0's"
 
@@ -147,6 +166,16 @@ def test_layered_equals_native_large(ws):
     # 65537 and 786433 elements (3 MiB of float32): segments that do not divide evenly,
     # several codec blocks and native chunks per segment, all-reduces pipelined in 5 parts.
     _check_world(run_world(layered_equals_native_world, ws, args=([65537, 786433], 5), timeout=240))
+
+
+def test_results_gathered_across_hosts_then_within_keep_the_bits():
+    # 2 hosts of 2 ranks and a slow link between them: the direct algorithm gathers its
+    # results among the ranks of each local index, then within the hosts; deterministic
+    # modes, every dtype and codec, against the native path.
+    results = run_world(layered_equals_native_world, 4, args=([1001, 65537], 3, True),
+                        env={"PYCOMM_RANKS_PER_NODE": "2"}, timeout=300)
+    _check_world(results)
+    assert "layered-direct+host-gather" in results[0][3], results[0][3]
 
 
 def hierarchical_world(rank, ws, parts):
@@ -191,7 +220,7 @@ def test_layered_plan():
 
     def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False):
         options = _C.layered_options("allreduce", torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
-        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, across, cuda)
+        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, (0.0, 0.0), across, cuda)
 
     one_host, two_hosts, three_hosts = [0] * 4, [0, 0, 1, 1], [0, 0, 1, 1, 2, 2]
     gbit = (100.0, 125.0)  # a 1 Gbit/s link between hosts, 100 us
@@ -208,8 +237,12 @@ def test_layered_plan():
             (three_hosts, "none", "0", "ring order"), (two_hosts, "fp8_e4m3", "1", "deterministic modes"),
             ([0, 1, 0, 1], "fp8_e4m3", "0", "host by host"), ([0, 0, 1], "fp8_e4m3", "0", "same number")]:
         p = plan(16 << 20, host_of, codec=codec, determinism=determinism, across=gbit, algorithm="hierarchical")
-        assert p.variant == "layered-direct" and why in p.fallback, (host_of, p.fallback)
+        assert p.variant.startswith("layered-direct") and why in p.fallback, (host_of, p.fallback)
     assert plan(16 << 20, three_hosts, across=gbit).variant == "layered-hierarchical"
+    # Gathering the direct results across hosts, then within them: fewer bytes on the link,
+    # one collective more; its bits are the direct algorithm's in every mode.
+    assert plan(16 << 20, two_hosts, across=gbit, determinism="exact").variant == "layered-direct+host-gather"
+    assert plan(1000, two_hosts, across=gbit, determinism="exact").variant == "layered-direct"
     assert "not an algorithm of the layered path" in plan(1000, one_host, algorithm="ring").fallback
 
 

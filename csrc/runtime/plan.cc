@@ -453,15 +453,23 @@ std::pair<size_t, double> best_parts(const std::vector<double>& resources_us, do
   return best;
 }
 
+// Hosts the two-level layered variants serve: several, of L >= 2 ranks each, numbered
+// host by host (the mover's subgroups of a host and of a local index are then ranges and
+// strides of ranks, in order).
+bool hosts_in_blocks(const Topology& t, std::string* why) {
+  if (t.node_count() < 2) return say(why, "it needs more than one host");
+  if (!t.uniform()) return say(why, "it needs the same number of ranks on every host");
+  if (t.ranks_per_node() < 2) return say(why, "with one rank per host it is the direct algorithm");
+  for (int r = 1; r < t.world(); ++r)
+    if (t.node_of[r] < t.node_of[r - 1]) return say(why, "it needs ranks numbered host by host");
+  return true;
+}
+
 bool layered_hierarchical_applies(const LayeredPlanInput& in, std::string* why) {
   const Topology& t = *in.topology;
   if (in.collective != Collective::AllReduce) return say(why, "the layered path runs all-reduce alone hierarchically");
   if (in.options.determinism != Determinism::Default) return say(why, kPartialSumsTravel);
-  if (t.node_count() < 2) return say(why, "hierarchical needs more than one host");
-  if (!t.uniform()) return say(why, "hierarchical needs the same number of ranks on every host");
-  if (t.ranks_per_node() < 2) return say(why, "with one rank per host hierarchical is the direct algorithm");
-  for (int r = 1; r < t.world(); ++r)
-    if (t.node_of[r] < t.node_of[r - 1]) return say(why, "hierarchical needs ranks numbered host by host");
+  if (!hosts_in_blocks(t, why)) return false;
   // Uncompressed, the native hierarchical folds the host partials in ring order, which
   // equals any other order for two terms only.
   if (in.options.compression == Compression::None && t.node_count() > 2)
@@ -480,46 +488,64 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
   const double W = coded ? static_cast<double>(encoded_bytes(in.options.compression, unit, in.count)) : B;
   const LinkCosts& links = in.costs.links;
   const double own_us = 3 * B / in.costs.own_bytes_per_us;  // encode, fold, decode: about 3 B of traffic
+  const bool all_reduce = in.collective == Collective::AllReduce;
+  const size_t direct_units = all_reduce ? std::max<size_t>(1, in.count / (static_cast<size_t>(n) * unit)) : 1;
+  auto planned = [&](Variant v, const std::vector<double>& resources_us, double collectives, size_t most) {
+    LayeredPlan p;
+    p.variant = v;
+    std::tie(p.parts, p.predicted_us) = best_parts(resources_us, collectives, most, in);
+    return p;
+  };
 
-  LayeredPlan direct;
-  direct.variant = Variant::LayeredDirect;
-  {
-    // All-to-all then all-gather (a ring on most movers): 2 (n-1)/n W per rank; across
-    // hosts the all-to-all sends L (n-L)/n W out of each host, the ring (n-1)/n W.
-    const double rank_us = 2 * (n - 1) / n * W / links.intra.bytes_per_us;
-    const double host_us = N > 1 ? (L * (n - L) / n + (n - 1) / n) * W / links.inter.bytes_per_us : 0;
-    const double collectives = in.collective == Collective::AllReduce ? 2 : 1;
-    const size_t most = in.collective == Collective::AllReduce
-                            ? std::max<size_t>(1, in.count / (static_cast<size_t>(n) * unit)) : 1;
-    std::tie(direct.parts, direct.predicted_us) =
-        best_parts({std::max(rank_us, host_us), own_us}, collectives, most, in);
-  }
+  // Direct: all-to-all then all-gather (a ring on most movers), 2 (n-1)/n W per rank;
+  // across hosts the all-to-all sends L (n-L)/n W out of each host, the ring (n-1)/n W.
+  const double a2a_out = N > 1 ? L * (n - L) / n * W / links.inter.bytes_per_us : 0;
+  const double rank_us = 2 * (n - 1) / n * W / links.intra.bytes_per_us;
+  const LayeredPlan direct =
+      planned(Variant::LayeredDirect,
+              {std::max(rank_us, a2a_out + (N > 1 ? (n - 1) / n * W / links.inter.bytes_per_us : 0)), own_us},
+              all_reduce ? 2 : 1, direct_units);
+  std::vector<LayeredPlan> candidates = {direct};
+  // The same results gathered in two levels: among the ranks of each local index across
+  // hosts ((N-1)/N W out of each host), then within the host. The gather moves encoded
+  // bytes only, so the bits are the direct algorithm's in every mode.
+  std::string why_not_two_level;
+  if (all_reduce && hosts_in_blocks(t, &why_not_two_level))
+    candidates.push_back(planned(Variant::LayeredDirectHostGather,
+                                 {std::max(rank_us, a2a_out + (N - 1) / N * W / links.inter.bytes_per_us), own_us}, 3,
+                                 direct_units));
+  // Hierarchical: within the host 2 (L-1)/L B per rank, uncompressed; across hosts
+  // 2 (N-1)/N W out of each host; one more copy of the input (the shards' pieces gathered).
   std::string why;
   const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
-  LayeredPlan hierarchical;
-  if (hierarchical_ok) {
-    // Within the host 2 (L-1)/L B per rank, uncompressed; across hosts 2 (N-1)/N W out of
-    // each host; one more copy of the input on this rank (the shards' pieces gathered).
-    hierarchical.variant = Variant::LayeredHierarchical;
-    const double within_us = 2 * (L - 1) / L * B / links.intra.bytes_per_us;
-    const double across_us = 2 * (N - 1) / N * W / links.inter.bytes_per_us;
-    const size_t most = std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit);
-    std::tie(hierarchical.parts, hierarchical.predicted_us) =
-        best_parts({within_us, across_us, own_us + B / in.costs.own_bytes_per_us}, 4, most, in);
-  }
+  if (hierarchical_ok)
+    candidates.push_back(planned(Variant::LayeredHierarchical,
+                                 {2 * (L - 1) / L * B / links.intra.bytes_per_us,
+                                  2 * (N - 1) / N * W / links.inter.bytes_per_us, own_us + B / in.costs.own_bytes_per_us},
+                                 4, std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit)));
+  auto cheapest = [&](bool direct_only) {
+    const LayeredPlan* best = nullptr;
+    for (const LayeredPlan& p : candidates)
+      if ((!direct_only || p.variant != Variant::LayeredHierarchical) && (!best || p.predicted_us < best->predicted_us))
+        best = &p;
+    return *best;
+  };
+  LayeredPlan chosen;
   switch (in.options.algorithm) {
     case Algorithm::Auto:
-      return hierarchical_ok && hierarchical.predicted_us < direct.predicted_us ? hierarchical : direct;
+      return cheapest(false);
     case Algorithm::TwoShot:
-      return direct;
+      return cheapest(true);
     case Algorithm::Hierarchical:
-      if (hierarchical_ok) return hierarchical;
-      direct.fallback = "hierarchical cannot serve this call (" + why + ")";
-      return direct;
+      if (hierarchical_ok) return candidates.back();
+      chosen = cheapest(true);
+      chosen.fallback = "hierarchical cannot serve this call (" + why + ")";
+      return chosen;
     default:
-      direct.fallback = std::string(name_of(in.options.algorithm)) +
+      chosen = cheapest(false);
+      chosen.fallback = std::string(name_of(in.options.algorithm)) +
                         " is not an algorithm of the layered path (twoshot, hierarchical, auto)";
-      return hierarchical_ok && hierarchical.predicted_us < direct.predicted_us ? hierarchical : direct;
+      return chosen;
   }
 }
 

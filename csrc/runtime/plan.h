@@ -65,7 +65,10 @@ namespace pycomm {
 // ---- The layered path's plan (pycomm/layered.py) ----
 // Over a group of another backend (the mover), pycomm's all-reduce runs as
 //   layered-direct: one all-to-all of every rank's segments, the owner's fold, one
-//     all-gather of the results (2 collectives), or
+//     all-gather of the results (2 collectives);
+//   layered-direct+host-gather: the same, the results gathered in two levels, among the
+//     ranks of one local index across hosts, then within each host (3 collectives; only
+//     (N-1)/N of the results cross each host's link, against (n-1)/n for a ring), or
 //   layered-hierarchical: within each host an all-to-all of the shards and the local fold,
 //     across hosts the direct step on the host partials (an all-to-all and an all-gather
 //     among the ranks of one local index), within the host an all-gather (4 collectives).
@@ -77,8 +80,9 @@ namespace pycomm {
 
 // What the mover costs: one collective's fixed cost, its links within a host and across
 // hosts (per rank and per host link, as LinkCosts), and the rate of pycomm's own steps on
-// each rank. The links across hosts are measured by the layered path when the group spans
-// several hosts; the rest are the defaults below, stated rather than measured.
+// each rank. The links are measured by the layered path when the group spans several
+// hosts; the rest, and the links of a group on one host, are the defaults below, stated
+// rather than measured.
 struct MoverCosts {
   double collective_us = 250;      // a collective's fixed cost on the mover (gloo's on one host: 0.1-1 ms)
   LinkCosts links{{0, 2000}, {0, 1250}};  // within a host 2 GB/s (loopback TCP); across 1.25 GB/s (10 GbE)
