@@ -271,6 +271,11 @@ def worker(args):
                 out["results"][a]["phases_ms"] = {
                     phase: [every[r][a].get(phase, 0.0) * 1e3 / args.repeats for r in range(n)]
                     for phase in sorted({p for r in range(n) for p in every[r][a]}, key=PHASES.index)}
+        if any(a.startswith("layered") for a in algorithms):  # what the layered plans chose, and from what
+            layered = pycomm.stats(gloo)
+            out["layered_plans"] = {algo: c["calls"] for algo, c in layered["collectives"].get(
+                args.collective.replace("_", ""), {}).items()}
+            out["mover_links"] = layered.get("mover_links")
         print(RESULT_TAG + json.dumps(out), flush=True)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
@@ -458,7 +463,8 @@ def summarize(args, raw, describe):
             "link_bound": link_bound(args.hosts, n),
             "size_bytes": args.size, "dtype": "float32", "op": "sum", "repeats": args.repeats,
             "topology": describe, "results": rows,
-            "hierarchical_over_ring_busbw": ratio, "layered_over_gloo_busbw": layered or None}
+            "hierarchical_over_ring_busbw": ratio, "layered_over_gloo_busbw": layered or None,
+            "layered_plans": raw.get("layered_plans"), "mover_links": raw.get("mover_links")}
 
 
 def report(s):
@@ -482,6 +488,12 @@ def report(s):
         lines.append("hierarchical/ring busbw: n/a (needs both ring and hierarchical in --algorithms)")
     for a, x in (s.get("layered_over_gloo_busbw") or {}).items():
         lines.append("%s/gloo busbw: %.2fx%s" % (a, x, " (target >= 3x for fp8_e4m3)" if a.endswith("fp8_e4m3") else ""))
+    if s.get("layered_plans"):
+        lines.append("layered calls by the algorithm their plan chose (warm-up and error runs included): " + ", ".join(
+            "%s %d" % kv for kv in s["layered_plans"].items()))
+    if s.get("mover_links"):
+        lines.append("the mover's links as measured at the first layered call: " + ", ".join(
+            "%s %.0f us + %.3f GB/s" % (k, lat, bw / 1e3) for k, (lat, bw) in s["mover_links"].items()))
     phased = [(a, r["phases_ms"]) for a, r in s["results"].items() if "phases_ms" in r]
     if phased:
         lines.append("layered steps, ms per call (mean over the rounds), mean over ranks (max over ranks); "

@@ -54,7 +54,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import time
+import typing
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -168,7 +170,7 @@ class _GroupRecord:
         self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover)
         self.options = {}  # the options of each kind of call, read from the environment once
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
-        self.hosts = None  # (host_of, host_team, column_team, (within, across)): see _hosts
+        self.hosts = None  # _Hosts, found at the group's first call
 
     def hosts_of(self, group, device):
         """_hosts of the group, found as the first steps of its first call on every rank
@@ -178,24 +180,52 @@ class _GroupRecord:
         return self.hosts
 
     def stats(self):
-        """A pycomm group's ``stats()``, with ``"mover"`` naming the group's backend."""
-        return dict(json.loads(self.recorder._stats_json()), mover=self.mover)
+        """A pycomm group's ``stats()``, with ``"mover"`` naming the group's backend and,
+        once measured (a group across hosts), ``"mover_links"``: the (latency_us,
+        bytes_per_us) of its links ``"within"`` a host and ``"across"`` hosts that the
+        plans price."""
+        stats = dict(json.loads(self.recorder._stats_json()), mover=self.mover)
+        if self.hosts is not None and self.hosts.host_team is not None:
+            stats["mover_links"] = {"within": self.hosts.within, "across": self.hosts.across}
+        return stats
+
+
+class _Hosts(typing.NamedTuple):
+    """The mover group's ranks by host, as the layered plans see them (_hosts)."""
+    host_of: list  # each rank's host, numbered in order of first appearance
+    host_team: object  # the mover's subgroup of this rank's host (None: one host, or unequal ones)
+    column_team: object  # of the ranks of this rank's local index, one per host, in host order
+    within: tuple  # (latency_us, bytes_per_us) of the mover within a host, per rank ((0, 0): not measured)
+    across: tuple  # of the link between hosts, per host
+    core_share: float  # of a core each rank has, on the machine with the fewest per rank
+
+
+def _digest(text):
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _machine():
+    """This process's machine: its kernel's boot, whose cores every process on it shares,
+    whatever network namespace stands for its host."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
 
 
 def _hosts(group, device):
     """Which host each rank of ``group`` is on (``_C.hosts_of`` of every rank's host key,
-    gathered once by the mover), and, where the hierarchical algorithm could run (several
-    hosts of L >= 2 ranks each, numbered host by host), the mover's subgroups of this
-    rank's host and of its column (the ranks of its local index, one per host, in host
-    order), with the mover's links measured through them (_measure_links; (0, 0): not
-    measured)."""
-    key = int.from_bytes(hashlib.blake2b(_C.host_key().encode(), digest_size=8).digest(), "little", signed=True)
-    keys = torch.empty(group.size(), dtype=torch.int64, device=device)
-    getattr(dist, _ALL_GATHER)(keys, torch.tensor([key], device=device), group=group)
-    host_of = _C.hosts_of([str(k) for k in keys.tolist()])
+    gathered once by the mover with its machine and count of usable cores), and, where a
+    two-level algorithm could run (several hosts of L >= 2 ranks each, numbered host by
+    host), the mover's subgroups of this rank's host and of its column, with the mover's
+    links measured through them."""
+    mine = [_digest(_C.host_key()), _digest(_machine()), len(os.sched_getaffinity(0))]
+    everyone = torch.empty(len(mine) * group.size(), dtype=torch.int64, device=device)
+    getattr(dist, _ALL_GATHER)(everyone, torch.tensor(mine, device=device), group=group)
+    keys, machines, cores = everyone.view(-1, len(mine)).t().tolist()
+    host_of = _C.hosts_of([str(k) for k in keys])
     hosts = [[r for r, h in enumerate(host_of) if h == host] for host in range(max(host_of) + 1)]
+    core_share = min(cores[r] / machines.count(machines[r]) for r in range(group.size()))
     if len(hosts) < 2 or len({len(h) for h in hosts}) > 1 or len(hosts[0]) < 2 or host_of != sorted(host_of):
-        return host_of, None, None, ((0.0, 0.0), (0.0, 0.0))
+        return _Hosts(host_of, None, None, (0.0, 0.0), (0.0, 0.0), core_share)
     ranks = dist.get_process_group_ranks(group)
     me = group.rank()
     local = hosts[host_of[me]].index(me)
@@ -203,7 +233,7 @@ def _hosts(group, device):
     host_team = dist.new_group([ranks[r] for r in hosts[host_of[me]]], backend=backend,
                                use_local_synchronization=True)
     column_team = dist.new_group([ranks[h[local]] for h in hosts], backend=backend, use_local_synchronization=True)
-    return host_of, host_team, column_team, _measure_links(group, host_team, column_team, device)
+    return _Hosts(host_of, host_team, column_team, *_measure_links(group, host_team, column_team, device), core_share)
 
 
 # What the mover's links are measured with: an all-to-all of this many bytes per peer,
@@ -304,11 +334,12 @@ class _Call:
         """The plan (where it runs: the hosts of the mover's ranks are found by the group's
         first call, as its first collectives) and the start of the record."""
         try:
-            host_of, self.host_team, self.column_team, links = self.record.hosts_of(self.group, self.device)
+            hosts = self.record.hosts_of(self.group, self.device)
         except Exception as e:
             self.fail("finding the mover's hosts", e)
-        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, host_of, *links,
-                                    self.device.type == "cuda")
+        self.host_team, self.column_team = hosts.host_team, hosts.column_team
+        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, hosts.host_of, hosts.within,
+                                    hosts.across, hosts.core_share, self.device.type == "cuda")
         self.algorithm = f"{self.plan.variant} over {self.record.mover}"
         self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
                                              self.plan, self.nbytes, self.device.index if self.device.type == "cuda"

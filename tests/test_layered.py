@@ -115,8 +115,8 @@ def _slow_link_between_hosts():
 
     planned = _C.layered_plan
 
-    def plan(collective, dtype, count, options, host_of, within, across, device_memory):
-        return planned(collective, dtype, count, options, host_of, within, (0.0, 1.0), device_memory)
+    def plan(collective, dtype, count, options, host_of, within, across, core_share, device_memory):
+        return planned(collective, dtype, count, options, host_of, within, (0.0, 1.0), core_share, device_memory)
 
     _C.layered_plan = plan
 
@@ -218,9 +218,11 @@ def test_layered_hierarchical_equals_native_hierarchical(ws, per_host, parts):
 def test_layered_plan():
     from pycomm import _C
 
-    def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False):
+    def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False,
+             core_share=1.0):
         options = _C.layered_options("allreduce", torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
-        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, (0.0, 0.0), across, cuda)
+        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, (0.0, 0.0), across, core_share,
+                               cuda)
 
     one_host, two_hosts, three_hosts = [0] * 4, [0, 0, 1, 1], [0, 0, 1, 1, 2, 2]
     gbit = (100.0, 125.0)  # a 1 Gbit/s link between hosts, 100 us
@@ -230,8 +232,10 @@ def test_layered_plan():
     assert large.parts > 1 and large.predicted_us < plan(16 << 20, two_hosts, across=gbit,
                                                          algorithm="twoshot").predicted_us
     assert plan(16 << 20, two_hosts, across=gbit, cuda=True).parts == 1  # one stream: nothing overlaps
-    assert plan(16 << 20, one_host, codec="none").parts > 1
-    assert plan(1000, one_host, codec="none").parts == 1
+    # On one host the mover's traffic is the host's work too: nothing to overlap it with.
+    assert plan(16 << 20, one_host, codec="none").parts == 1
+    assert plan(16 << 20, two_hosts, codec="none", across=gbit).parts > 1
+    assert plan(1000, two_hosts, codec="none", across=gbit).parts == 1
     # Where the native hierarchical's bits differ or it does not run, the direct algorithm.
     for host_of, codec, determinism, why in [
             (three_hosts, "none", "0", "ring order"), (two_hosts, "fp8_e4m3", "1", "deterministic modes"),
@@ -243,6 +247,8 @@ def test_layered_plan():
     # one collective more; its bits are the direct algorithm's in every mode.
     assert plan(16 << 20, two_hosts, across=gbit, determinism="exact").variant == "layered-direct+host-gather"
     assert plan(1000, two_hosts, across=gbit, determinism="exact").variant == "layered-direct"
+    # Ranks that share cores pay for the hierarchical's uncompressed traffic within the host.
+    assert plan(16 << 20, two_hosts, across=gbit, core_share=0.5).variant == "layered-direct+host-gather"
     assert "not an algorithm of the layered path" in plan(1000, one_host, algorithm="ring").fallback
 
 

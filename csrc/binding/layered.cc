@@ -70,7 +70,8 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
 
 LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
                          const LayeredOptions& options, const std::vector<int>& host_of,
-                         std::pair<double, double> within, std::pair<double, double> across, bool device_memory) {
+                         std::pair<double, double> within, std::pair<double, double> across, double core_share,
+                         bool device_memory) {
   TORCH_CHECK_VALUE(count >= 0 && !host_of.empty(), "pycomm: layered_plan of ", count, " elements over ",
                     host_of.size(), " ranks");
   return guard([&] {
@@ -86,6 +87,7 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
     in.topology = &topology;
     if (within.second > 0) in.costs.links.intra = {within.first, within.second};
     if (across.second > 0) in.costs.links.inter = {across.first, across.second};
+    if (core_share > 0) in.costs.core_share = core_share;
     in.device_memory = device_memory;
     return plan_layered(in);
   });

@@ -487,42 +487,46 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
   const double B = static_cast<double>(in.count * element_size(in.dtype));
   const double W = coded ? static_cast<double>(encoded_bytes(in.options.compression, unit, in.count)) : B;
   const LinkCosts& links = in.costs.links;
-  const double own_us = 3 * B / in.costs.own_bytes_per_us;  // encode, fold, decode: about 3 B of traffic
   const bool all_reduce = in.collective == Collective::AllReduce;
   const size_t direct_units = all_reduce ? std::max<size_t>(1, in.count / (static_cast<size_t>(n) * unit)) : 1;
-  auto planned = [&](Variant v, const std::vector<double>& resources_us, double collectives, size_t most) {
+  // A rank's host work: its own steps (about 3 B of memory traffic for encode, fold and
+  // decode, plus `copied` bytes) and the mover's traffic within the host (loopback or
+  // shared-memory copies, made by the host's cores too), on its share of a core. On
+  // device memory the kernels do the former and the share does not apply.
+  auto host_us = [&](double copied, double within_bytes) {
+    const double us = (3 * B + copied) / in.costs.own_bytes_per_us + within_bytes / links.intra.bytes_per_us;
+    return in.device_memory ? us : us / std::min(1.0, in.costs.core_share);
+  };
+  auto planned = [&](Variant v, double link_us, double work_us, double collectives, size_t most) {
     LayeredPlan p;
     p.variant = v;
-    std::tie(p.parts, p.predicted_us) = best_parts(resources_us, collectives, most, in);
+    std::tie(p.parts, p.predicted_us) = best_parts({link_us, work_us}, collectives, most, in);
     return p;
   };
 
-  // Direct: all-to-all then all-gather (a ring on most movers), 2 (n-1)/n W per rank;
-  // across hosts the all-to-all sends L (n-L)/n W out of each host, the ring (n-1)/n W.
-  const double a2a_out = N > 1 ? L * (n - L) / n * W / links.inter.bytes_per_us : 0;
-  const double rank_us = 2 * (n - 1) / n * W / links.intra.bytes_per_us;
-  const LayeredPlan direct =
-      planned(Variant::LayeredDirect,
-              {std::max(rank_us, a2a_out + (N > 1 ? (n - 1) / n * W / links.inter.bytes_per_us : 0)), own_us},
-              all_reduce ? 2 : 1, direct_units);
-  std::vector<LayeredPlan> candidates = {direct};
+  // Direct: all-to-all then all-gather (a ring on most movers), 2 (n-1)/n W per rank, of
+  // which 2 (L-1)/n W within the host; across hosts the all-to-all sends L (n-L)/n W out
+  // of each host, the ring (n-1)/n W.
+  const double a2a_out = L * (n - L) / n * W;
+  std::vector<LayeredPlan> candidates = {
+      planned(Variant::LayeredDirect, N > 1 ? (a2a_out + (n - 1) / n * W) / links.inter.bytes_per_us : 0,
+              host_us(0, 2 * (L - 1) / n * W), all_reduce ? 2 : 1, direct_units)};
   // The same results gathered in two levels: among the ranks of each local index across
-  // hosts ((N-1)/N W out of each host), then within the host. The gather moves encoded
-  // bytes only, so the bits are the direct algorithm's in every mode.
+  // hosts ((N-1)/N W out of each host), then within the host ((L-1)/L W to each rank). The
+  // gather moves encoded bytes only, so the bits are the direct algorithm's in every mode.
   std::string why_not_two_level;
   if (all_reduce && hosts_in_blocks(t, &why_not_two_level))
     candidates.push_back(planned(Variant::LayeredDirectHostGather,
-                                 {std::max(rank_us, a2a_out + (N - 1) / N * W / links.inter.bytes_per_us), own_us}, 3,
-                                 direct_units));
-  // Hierarchical: within the host 2 (L-1)/L B per rank, uncompressed; across hosts
-  // 2 (N-1)/N W out of each host; one more copy of the input (the shards' pieces gathered).
+                                 (a2a_out + (N - 1) / N * W) / links.inter.bytes_per_us,
+                                 host_us(0, (L - 1) / n * W + (L - 1) / L * W), 3, direct_units));
+  // Hierarchical: within the host 2 (L-1)/L B per rank, uncompressed, and one more copy of
+  // the input (the shards' pieces gathered); across hosts 2 (N-1)/N W out of each host.
   std::string why;
   const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
   if (hierarchical_ok)
-    candidates.push_back(planned(Variant::LayeredHierarchical,
-                                 {2 * (L - 1) / L * B / links.intra.bytes_per_us,
-                                  2 * (N - 1) / N * W / links.inter.bytes_per_us, own_us + B / in.costs.own_bytes_per_us},
-                                 4, std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit)));
+    candidates.push_back(planned(Variant::LayeredHierarchical, 2 * (N - 1) / N * W / links.inter.bytes_per_us,
+                                 host_us(B, 2 * (L - 1) / L * B), 4,
+                                 std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit)));
   auto cheapest = [&](bool direct_only) {
     const LayeredPlan* best = nullptr;
     for (const LayeredPlan& p : candidates)

@@ -87,6 +87,7 @@ struct MoverCosts {
   double collective_us = 250;      // a collective's fixed cost on the mover (gloo's on one host: 0.1-1 ms)
   LinkCosts links{{0, 2000}, {0, 1250}};  // within a host 2 GB/s (loopback TCP); across 1.25 GB/s (10 GbE)
   double own_bytes_per_us = 4000;  // memory traffic of encode, fold and decode on one core
+  double core_share = 1;           // of a core each rank has: the fewest cores per rank of any machine
 };
 
 struct LayeredPlanInput {
