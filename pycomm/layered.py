@@ -159,6 +159,43 @@ def terms_per_fold(kernel, device):
     return CUDA_FOLD_TERMS if device.type == "cuda" and kernel is _C.fold else None
 
 
+# Movers whose all-to-all carries an all-gather's bytes faster than their all-gather does:
+# gloo's all-gather runs its ring one unpipelined step after another (25 MiB of float32
+# at 2 ranks on this project's machines: all-gather 27 ms, the same by all-to-all 16 ms;
+# at 3 ranks 31.5 and 26 ms).
+_GATHER_BY_ALL_TO_ALL = {"gloo"}
+# The most bytes of buffers a group's layered calls keep from call to call (see _Scratch).
+_SCRATCH_BYTES = 256 << 20
+
+
+class _Scratch:
+    """Byte buffers of a group's layered calls on host memory, kept from one call to the
+    next: a fresh buffer costs the first touch of its pages, about 0.4 ms per MiB on this
+    project's machines, as much as the mover takes to carry it. A group's calls run one at
+    a time, so the buffer of a (role, part) serves one step of one part of the running
+    call. At most _SCRATCH_BYTES are kept; larger needs are allocated per call, as are
+    device buffers (torch's caching allocator keeps those)."""
+
+    def __init__(self):
+        self.kept, self.total = {}, 0
+
+    def get(self, role, part, nbytes, device):
+        if device.type != "cpu":
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        held = self.kept.get((role, part))
+        if held is None or held.numel() < nbytes:
+            grown = self.total + nbytes - (0 if held is None else held.numel())
+            if grown > _SCRATCH_BYTES:
+                return torch.empty(nbytes, dtype=torch.uint8)
+            held, self.total = torch.empty(nbytes, dtype=torch.uint8), grown
+            self.kept[(role, part)] = held
+        return held[:nbytes]
+
+    def drop(self):
+        """Lets the buffers go (after a failed call, whose transfers may still be writing)."""
+        self.kept, self.total = {}, 0
+
+
 class _GroupRecord:
     """What this rank keeps of the layered calls on one group: their record (counters,
     flight recorder and log lines, kept as a pycomm group keeps its own), options, hosts
@@ -171,6 +208,7 @@ class _GroupRecord:
         self.options = {}  # the options of each kind of call, read from the environment once
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
         self.hosts = None  # _Hosts, found at the group's first call
+        self.scratch = _Scratch()
 
     def hosts_of(self, group, device):
         """_hosts of the group, found as the first steps of its first call on every rank
@@ -339,7 +377,8 @@ class _Call:
             self.fail("finding the mover's hosts", e)
         self.host_team, self.column_team = hosts.host_team, hosts.column_team
         self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, hosts.host_of, hosts.within,
-                                    hosts.across, hosts.core_share, self.device.type == "cuda")
+                                    hosts.across, hosts.core_share, self.device.type == "cuda",
+                                    self.record.mover in _GATHER_BY_ALL_TO_ALL)
         self.algorithm = f"{self.plan.variant} over {self.record.mover}"
         self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
                                              self.plan, self.nbytes, self.device.index if self.device.type == "cuda"
@@ -361,6 +400,7 @@ class _Call:
                 self.agree()
                 steps()
             except BaseException as e:  # ended already where the mover failed or ranks disagreed
+                self.record.scratch.drop()
                 self.end(f"pycomm: {self.describe()} failed on rank {self.rank}: {e}")
                 raise
             self.end()
@@ -441,6 +481,14 @@ class _Call:
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {error}"
         raise dist.DistBackendError(self.end(message)) from error
 
+    def buffer(self, role, part, nbytes, zero_from=None):
+        """A byte buffer of the group's scratch for ``role`` in part ``part`` of this call;
+        zeroed from byte ``zero_from`` on, where given (padding that travels)."""
+        b = self.record.scratch.get(role, part, nbytes, self.device)
+        if zero_from is not None:
+            b[zero_from:].zero_()
+        return b
+
     def fold(self, out, terms, forms, count, stage, op=None, dtype=None, codec=None):
         """The call's fold (its dtype, operator and codec, unless given) of ``count``
         elements: ``_C.fold``'s contract."""
@@ -509,7 +557,7 @@ def _pieces(buffer, sizes):
     return [buffer[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
 
 
-def _exchange(call, flat, begins, element_bytes):
+def _exchange(call, flat, begins, element_bytes, part=0):
     """Step 2, started: segment s of ``flat`` goes to rank s. Returns the mover's pending
     all-to-all and this rank's n contributions to its own segment, in rank order, with
     their forms, readable once it is waited for. Raw segments travel as their bytes (this
@@ -519,19 +567,20 @@ def _exchange(call, flat, begins, element_bytes):
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
     mine = flat[begins[r]:begins[r + 1]]
     if call.codec == "none":
-        recv = torch.empty(n * lengths[r] * element_bytes, dtype=torch.uint8, device=flat.device)
+        recv = call.buffer("received", part, n * lengths[r] * element_bytes)
         moving = call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
                            [length * element_bytes for length in lengths])
         pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
         return moving, [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
     encoded = [_C.encoded_size(call.codec, call.block, length) for length in lengths]
     outgoing = [0 if s == r else _slot(encoded[s]) for s in range(n)]
-    send = torch.empty(sum(outgoing), dtype=torch.uint8, device=flat.device)
+    send = call.buffer("sent", part, sum(outgoing))
     for s, piece in enumerate(_pieces(send, outgoing)):
         if s != r:
             call.fold(piece[:encoded[s]], [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
+            piece[encoded[s]:].zero_()
     incoming = [0 if p == r else _slot(encoded[r]) for p in range(n)]
-    recv = torch.empty(sum(incoming), dtype=torch.uint8, device=flat.device)
+    recv = call.buffer("received", part, sum(incoming))
     moving = call.move("all_to_all_single", recv, send, incoming, outgoing)
     pieces = [piece[:encoded[r]] for piece in _pieces(recv, incoming)]
     return (moving, [mine if p == r else pieces[p] for p in range(n)],
@@ -586,31 +635,43 @@ def _direct_parts(call, flat):
     reduced exactly as without parts."""
     step = call.size * _wire(call, 1)[0]
     size = -(-flat.numel() // call.plan.parts // step) * step
-    return (_direct_part(call, flat[start:start + size]) for start in range(0, flat.numel(), size))
+    return (_direct_part(call, flat[start:start + size], i) for i, start in enumerate(range(0, flat.numel(), size)))
 
 
-def _direct_part(call, part):
+def _direct_part(call, part, index):
     n, r, es = call.size, call.rank, part.element_size()
     coded = call.codec != "none"
     unit, wire = _wire(call, es)
     begins = _C.segment_begins(part.numel(), n, unit)
-    moving, terms, forms = _exchange(call, part, begins, es)  # steps 1 and 2
+    moving, terms, forms = _exchange(call, part, begins, es, index)  # steps 1 and 2
     yield
     # Steps 3 and 4: this rank's result (encoded under a codec) goes into a piece padded
     # to the longest segment's (segment 0's), the size every rank gives the all-gather.
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
     width = _slot(wire(lengths[0])) if coded else wire(lengths[0])
-    result = torch.zeros(width, dtype=torch.uint8, device=part.device)
+    # Gathered by an all-to-all, the result is the first of its n-1 copies, one per peer.
+    copies = n - 1 if call.plan.variant == "layered-direct+a2a-gather" else 1
+    outgoing = call.buffer("result", index, copies * width)
+    result = outgoing[:width]
+    result[wire(lengths[r]):].zero_()
     call.wait(moving)
     call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-    if call.plan.variant == "layered-direct+host-gather":
+    if call.plan.variant == "layered-direct+a2a-gather":
+        for piece in _pieces(outgoing, [width] * copies)[1:]:
+            piece.copy_(result)
+        splits = [0 if s == r else width for s in range(n)]
+        received = call.buffer("gathered", index, (n - 1) * width)
+        moving = call.move("all_to_all_single", received, outgoing, splits, splits)
+        others = iter(_pieces(received, [width] * (n - 1)))
+        blocks = [result if s == r else next(others) for s in range(n)]
+    elif call.plan.variant == "layered-direct+host-gather":
         # Across hosts among the ranks of this local index (rank h L + l is host h's
         # local rank l), then within the host: block l N + h of ``gathered`` is rank h L + l's.
-        column = torch.empty(call.column_team.size() * width, dtype=torch.uint8, device=part.device)
+        column = call.buffer("column", index, call.column_team.size() * width)
         moving = call.move(_ALL_GATHER, column, result, group=call.column_team)
         yield
         call.wait(moving)
-        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
+        gathered = call.buffer("gathered", index, n * width)
         moving = call.move(_ALL_GATHER, gathered, column, group=call.host_team)
         hosts, per_host = call.column_team.size(), call.host_team.size()
         blocks = _pieces(gathered, [width] * n)
@@ -618,7 +679,7 @@ def _direct_part(call, part):
     elif not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
         moving, blocks = call.move(_ALL_GATHER, _bytes(part), result), None
     else:
-        gathered = torch.empty(n * width, dtype=torch.uint8, device=part.device)
+        gathered = call.buffer("gathered", index, n * width)
         moving = call.move(_ALL_GATHER, gathered, result)
         blocks = _pieces(gathered, [width] * n)
     yield
@@ -640,10 +701,10 @@ def _hierarchical_parts(call, flat):
     longest = shards[1] - shards[0]
     unit = _wire(call, 1)[0]
     q = -(-longest // call.plan.parts // unit) * unit
-    return (_hierarchical_part(call, flat, shards, start, q) for start in range(0, longest, q))
+    return (_hierarchical_part(call, flat, shards, start, q, i) for i, start in enumerate(range(0, longest, q)))
 
 
-def _hierarchical_part(call, flat, shards, start, q):
+def _hierarchical_part(call, flat, shards, start, q, index):
     """One part of the native hierarchical all-reduce (csrc/algorithms/hierarchical_
     allreduce.cc), with the same bits:
     1. within the host, piece l of every rank's input to local rank l (uncompressed), who
@@ -662,14 +723,16 @@ def _hierarchical_part(call, flat, shards, start, q):
     m = lengths[local]
     mine = flat[pieces[local][0]:pieces[local][1]]
 
-    send = torch.cat([_bytes(flat[a:b]) for l, (a, b) in enumerate(pieces) if l != local])  # 1
-    recv = torch.empty((L - 1) * m * es, dtype=torch.uint8, device=device)
+    others = [_bytes(flat[a:b]) for l, (a, b) in enumerate(pieces) if l != local]  # 1
+    send = torch.cat(others, out=call.buffer("sent", index, sum(o.numel() for o in others)))
+    recv = call.buffer("received", index, (L - 1) * m * es)
     moving = call.move("all_to_all_single", recv, send, [0 if l == local else m * es for l in range(L)],
                        [0 if l == local else lengths[l] * es for l in range(L)], group=host_team)
     yield
     call.wait(moving)
     received = iter(_pieces(recv, [m * es] * (L - 1)))
-    partial = torch.empty(m, dtype=PARTIAL_DTYPES.get(call.dtype, call.dtype), device=device)
+    accumulation = PARTIAL_DTYPES.get(call.dtype, call.dtype)
+    partial = call.buffer("partial", index, m * accumulation.itemsize).view(accumulation)
     call.fold(partial, [mine if l == local else next(received) for l in range(L)], [Form.Input] * L, m, Stage.Partial,
               codec="none")
 
@@ -681,26 +744,27 @@ def _hierarchical_part(call, flat, shards, start, q):
     seg_len = [s.numel() for s in segments]
     if coded:
         outgoing = [0 if j == host else _slot(wire(seg_len[j])) for j in range(N)]
-        send = torch.empty(sum(outgoing), dtype=torch.uint8, device=device)
+        send = call.buffer("sent across", index, sum(outgoing))
         for j, out in enumerate(_pieces(send, outgoing)):
             if j != host:
                 call.fold(out[:wire(seg_len[j])], [segments[j]], [Form.Input], seg_len[j], Stage.Encoded, **across)
+                out[wire(seg_len[j]):].zero_()
         incoming = [0 if j == host else _slot(wire(seg_len[host])) for j in range(N)]
     else:  # the all-to-all's input is the whole partial, this rank's own segment included
         send, outgoing = _bytes(partial), [wire(n) for n in seg_len]
         incoming = [wire(seg_len[host])] * N
-    recv = torch.empty(sum(incoming), dtype=torch.uint8, device=device)
+    recv = call.buffer("received across", index, sum(incoming))
     moving = call.move("all_to_all_single", recv, send, incoming, outgoing, group=column_team)
     yield
     call.wait(moving)
     width = _slot(wire(seg_len[0])) if coded else wire(seg_len[0])
-    result = torch.zeros(width, dtype=torch.uint8, device=device)
+    result = call.buffer("result", index, width, zero_from=wire(seg_len[host]))
     terms = [segments[host] if j == host else piece[:wire(seg_len[host])]
              for j, piece in enumerate(_pieces(recv, incoming))]
     forms = [Form.Input if j == host or not coded else Form.Encoded for j in range(N)]
     call.fold(result[:wire(seg_len[host])], terms, forms, seg_len[host], Stage.FinalEncoded if coded else Stage.Final,
               **across)
-    gathered = torch.empty(N * width, dtype=torch.uint8, device=device)
+    gathered = call.buffer("gathered across", index, N * width)
     moving = call.move(_ALL_GATHER, gathered, result, group=column_team)
     yield
     call.wait(moving)
@@ -713,9 +777,9 @@ def _hierarchical_part(call, flat, shards, start, q):
     call.fold(mine, [partial], [Form.Partial], m, Stage.Final)  # 3: this rank's input there was folded in 1
 
     width = lengths[0] * es  # 4
-    result = torch.zeros(width, dtype=torch.uint8, device=device)
+    result = call.buffer("piece", index, width, zero_from=m * es)
     result[:m * es].copy_(_bytes(mine))
-    gathered = torch.empty(L * width, dtype=torch.uint8, device=device)
+    gathered = call.buffer("gathered", index, L * width)
     moving = call.move(_ALL_GATHER, gathered, result, group=host_team)
     yield
     call.wait(moving)
@@ -745,7 +809,7 @@ def _reduce_scatter(call, output, out, flat_in):
     if call.codec != "none" and call.determinism != "0":
         # Deterministic modes quantize the result once more, as the native reduce-scatter
         # does, so that a shard equals the matching slice of the all-reduce.
-        encoded = torch.empty(_C.encoded_size(call.codec, call.block, count), dtype=torch.uint8, device=out.device)
+        encoded = call.buffer("result", 0, _C.encoded_size(call.codec, call.block, count))
         call.fold(encoded, terms, forms, count, Stage.FinalEncoded)
         call.fold(out, [encoded], [Form.Encoded], count, Stage.Final, op=dist.ReduceOp.SUM)
     else:
@@ -772,9 +836,9 @@ def _all_gather(call, output, out, flat_in):
         call.wait(call.move(_ALL_GATHER, out, flat_in))
     else:
         size = _C.encoded_size(call.codec, call.block, count)
-        mine = torch.zeros(_slot(size), dtype=torch.uint8, device=out.device)
+        mine = call.buffer("result", 0, _slot(size), zero_from=size)
         call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
-        gathered = torch.empty(n * mine.numel(), dtype=torch.uint8, device=out.device)
+        gathered = call.buffer("gathered", 0, n * mine.numel())
         call.wait(call.move(_ALL_GATHER, gathered, mine))
         for s, block in enumerate(_pieces(gathered, [mine.numel()] * n)):
             call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)

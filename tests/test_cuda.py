@@ -387,7 +387,7 @@ def layered_on_cuda(rank, ws, mover):
             on_cpu, on_gpu = x.clone(), x.cuda()
             pycomm.all_reduce(on_cpu, compression=codec, deterministic=mode)  # native, host memory
             work = pycomm.all_reduce(on_gpu, group=group, compression=codec, deterministic=mode, async_op=True)
-            if not work.algorithm.startswith("layered-direct over"):
+            if not work.algorithm.startswith("layered-direct"):
                 problems.append(work.algorithm)
             if not _same_bits(on_gpu, on_cpu):
                 problems.append("%s %s %s n=%d: CUDA layered != CPU native (%s)" % (dtype, codec, mode, n,

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from _harness import capture_stderr, group_timeout, run_world
 
 CODECS = [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+# The layered all-reduce on one host over gloo, whose all-to-all gathers faster than its all-gather.
+OVER_GLOO = "layered-direct+a2a-gather"
 MODES = [True, "exact"]
 SMALL = [0, 1, 7, 1001]
 
@@ -115,8 +117,8 @@ def _slow_link_between_hosts():
 
     planned = _C.layered_plan
 
-    def plan(collective, dtype, count, options, host_of, within, across, core_share, device_memory):
-        return planned(collective, dtype, count, options, host_of, within, (0.0, 1.0), core_share, device_memory)
+    def plan(collective, dtype, count, options, host_of, within, across, *rest):
+        return planned(collective, dtype, count, options, host_of, within, (0.0, 1.0), *rest)
 
     _C.layered_plan = plan
 
@@ -335,28 +337,28 @@ def observability_world(rank, ws):
 
     work, log = capture_stderr(call)
     assert work.is_completed()
-    assert work.algorithm == "layered-direct over gloo", work.algorithm
+    assert work.algorithm == f"{OVER_GLOO} over gloo", work.algorithm
     assert (work.compression, work.determinism) == ("bf16", "exact")
     assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
     # A family the layered path has not: the plan's choice runs, and the line says why.
     _, fallback = capture_stderr(lambda: pycomm.all_reduce(t, group=gloo, algorithm="ring"))
     stats = pycomm.stats(gloo)  # kept as a pycomm group keeps its own
-    counters = stats["collectives"]["allreduce"]["layered-direct"]
+    counters = stats["collectives"]["allreduce"][OVER_GLOO]
     assert (counters["calls"], counters["failures"], counters["bytes"]) == (2, 0, 8000), counters
     assert stats["mover"] == "gloo" and stats["last"]["state"] == "completed", stats
     entries = pycomm.flight_recorder(gloo)["entries"]
     assert [(e["collective"], e["algorithm"], e["compression"], e["determinism"], e["state"]) for e in entries] == [
-        ("allreduce", "layered-direct", "bf16", "exact", "completed"),
-        ("allreduce", "layered-direct", "none", "0", "completed")], entries
+        ("allreduce", OVER_GLOO, "bf16", "exact", "completed"),
+        ("allreduce", OVER_GLOO, "none", "0", "completed")], entries
     return log, fallback
 
 
 def test_work_stats_and_log_line():
     logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
-    assert "allreduce #1 (float32, sum, 1000 elements, layered-direct, bf16/" in logs[0][0]
-    assert "4000 B, algorithm layered-direct over gloo, compression bf16, determinism exact" in logs[0][0]
+    assert f"allreduce #1 (float32, sum, 1000 elements, {OVER_GLOO}, bf16/" in logs[0][0]
+    assert f"4000 B, algorithm {OVER_GLOO} over gloo, compression bf16, determinism exact" in logs[0][0]
     assert "ring is not an algorithm of the layered path (twoshot, hierarchical, auto), 4000 B, algorithm " \
-           "layered-direct over gloo" in logs[0][1], logs[0][1]
+           f"{OVER_GLOO} over gloo" in logs[0][1], logs[0][1]
     assert "layered-direct" not in logs[1][0] + logs[1][1]  # INFO: rank 0 logs each operation
 
 
@@ -379,7 +381,7 @@ def mover_fails_world(rank, ws, how):
     except dist.DistBackendError as e:
         with open(str(e).rsplit("(flight recorder: ", 1)[-1].rstrip(")")) as f:
             written = json.load(f)["entries"]
-        return (str(e), pycomm.stats(gloo)["collectives"]["allreduce"]["layered-direct"]["failures"],
+        return (str(e), pycomm.stats(gloo)["collectives"]["allreduce"][OVER_GLOO]["failures"],
                 [(e["seq"], e["state"]) for e in written])
     raise AssertionError("the all-reduce succeeded without its peer")
 
@@ -392,7 +394,7 @@ def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
                         expect_killed=(2,) if how == "killed" else ())
     for rank in (0, 1):
         message, failures, flight_recorder = results[rank]
-        assert message.startswith(f"pycomm: allreduce #2 (layered-direct over gloo) on group "), message
+        assert message.startswith(f"pycomm: allreduce #2 ({OVER_GLOO} over gloo) on group "), message
         assert flight_recorder == [(1, "completed"), (2, "failed")], flight_recorder  # written as it failed
         assert f"failed on rank {rank}: {layered._ALL_GATHER}: " in message, message  # the stamps' gather
         assert how == "killed" or "timed out" in message.lower() or "timeout" in message.lower(), message
@@ -451,7 +453,8 @@ def test_ranks_that_disagree_fail_on_every_rank(collective):
             assert error is not None, f"rank {rank}: the call with another {field} succeeded"
             _, _, zero, others = DISAGREEMENTS[field]  # as rank 0 and the others pass them
             mine, peer, theirs = (zero, 1, others) if rank == 0 else (others, 0, zero)
-            assert f"#{2 * seq + 1} (layered-direct over gloo) on group" in error, error
+            algorithm = OVER_GLOO if collective == "allreduce" else "layered-direct"
+            assert f"#{2 * seq + 1} ({algorithm} over gloo) on group" in error, error
             assert f"failed on rank {rank}: " in error, error
             if field == "count" and collective == "reduce_scatter":  # its count is the input's
                 mine, theirs = str(int(mine) * ws), str(int(theirs) * ws)
@@ -501,4 +504,4 @@ def test_asynchronous_calls_overlap_the_caller():
         assert firsts == [sum(r + i for r in range(ws)) for i in range(3)]
         assert last == 10 * ws
         assert error and "called it with count" in error and failed, error
-        assert algorithm == "layered-direct over gloo"
+        assert algorithm == f"{OVER_GLOO} over gloo"
