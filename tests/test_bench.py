@@ -156,7 +156,7 @@ def test_torchrun_launcher_and_compression_error(tmp_path):
     (["--backends", "gloo,pycomm-over"], "needs the backend that moves its bytes after it"),
     (["--backends", "l=pycomm-over:compression=fp16"], "e.g. pycomm-over:gloo"),
     (["--backends", "pycomm-over:mpi"], "cannot run over 'mpi'"),
-    (["--backends", "pycomm-over:gloo:algorithm=ring"], "takes no option 'algorithm=ring'"),
+    (["--backends", "pycomm-over:gloo:chunk=1"], "takes no option 'chunk=1'"),
     (["--backends", "pycomm-over:gloo:compression=fp7"], "expected one of none, fp16"),
     (["--backends", "gloo,l=pycomm-over:gloo,l=pycomm-over:gloo:deterministic=1"],
      "l repeated"),

@@ -426,7 +426,6 @@ Plan make_plan(const PlanInput& in) {
   return p;
 }
 
-
 namespace {
 
 // A pipeline of `parts` parts over resources that work at once (the mover's links, this
@@ -506,9 +505,8 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
 
   // Direct: all-to-all then all-gather (a ring on most movers), 2 (n-1)/n W per rank, of
   // which 2 (L-1)/n W within the host; across hosts the all-to-all sends L (n-L)/n W out
-  // of each host, the ring (n-1)/n W.
-  // Gathered by an all-to-all instead, the same bytes leave each host as its all-to-all
-  // sends, and this rank copies its result to every peer's piece first.
+  // of each host, the ring (n-1)/n W. Gathered by an all-to-all instead, the gather sends
+  // what the first all-to-all sends, from n-1 copies of the result.
   const double a2a_out = L * (n - L) / n * W;
   const bool a2a_gather = all_reduce && in.gathers_by_all_to_all && n > 1;
   std::vector<LayeredPlan> candidates = {planned(
@@ -518,8 +516,7 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
   // The same results gathered in two levels: among the ranks of each local index across
   // hosts ((N-1)/N W out of each host), then within the host ((L-1)/L W to each rank). The
   // gather moves encoded bytes only, so the bits are the direct algorithm's in every mode.
-  std::string why_not_two_level;
-  if (all_reduce && hosts_in_blocks(t, &why_not_two_level))
+  if (all_reduce && hosts_in_blocks(t, nullptr))
     candidates.push_back(planned(Variant::LayeredDirectHostGather,
                                  (a2a_out + (N - 1) / N * W) / links.inter.bytes_per_us,
                                  host_us(0, (L - 1) / n * W + (L - 1) / L * W), 3, direct_units));

@@ -22,9 +22,10 @@ of the mover's backend (``dist.new_group(backend="gloo")`` for ``pycomm-over:glo
 mover is a kind of this table with a torch backend other than pycomm, and its device is
 the mover's), and every call goes through pycomm's direct API on that group, options or
 not (``pycomm.all_reduce(t, op, group=<the gloo group>, compression=...,
-deterministic=...)``): pycomm's direct algorithm runs with the mover moving bytes only
-(all_to_all_single, all-gather). Its options are ``compression`` and ``deterministic``;
-``algorithm`` is refused (the layered path has one algorithm). Listed next to the mover
+deterministic=...)``): pycomm's algorithms run with the mover moving bytes only
+(all_to_all_single, all-gather), the layered plan choosing among them. Its options are
+``algorithm`` (auto, twoshot: the direct variants, hierarchical; another family runs the
+plan's choice), ``compression`` and ``deterministic``. Listed next to the mover
 itself (``gloo,layered=pycomm-over:gloo``), the ratios are the layered path's cost
 against the mover's own collective in the same processes. The layered calls complete
 before they return, so in b2b mode they do not overlap one another.
@@ -91,9 +92,9 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun",
                 dtypes=("float32", "int32"), no_in_place=("reduce_scatter_single",)),
     BackendKind("nccl", "cuda", "nccl"),
-    # pycomm's layered path: its direct algorithm over a group of the mover's backend, on
-    # the mover's device (device_of), hence no device of its own.
-    BackendKind("pycomm-over", "", module="pycomm", options=("compression", "deterministic"),
+    # pycomm's layered path: its algorithms over a group of the mover's backend, on the
+    # mover's device (device_of), hence no device of its own.
+    BackendKind("pycomm-over", "", module="pycomm", options=tuple(PYCOMM_OPTIONS),
                 direct=PYCOMM_DIRECT, movers=("gloo", "nccl")),
 )}
 
@@ -127,10 +128,8 @@ def parse_backends(text: str) -> List[BackendSpec]:
         for opt in opt_items:
             key, eq, value = opt.partition("=")
             if not eq or key not in BACKENDS[kind].options:
-                raise ValueError("backend %r takes no option %r (options: %s)%s"
-                                 % (kind, opt, ", ".join(BACKENDS[kind].options) or "none",
-                                    "; the layered path has one algorithm, pycomm's direct one"
-                                    if movers and key == "algorithm" else ""))
+                raise ValueError("backend %r takes no option %r (options: %s)"
+                                 % (kind, opt, ", ".join(BACKENDS[kind].options) or "none"))
             allowed = PYCOMM_OPTIONS.get(key) if BACKENDS[kind].module == "pycomm" else None
             if allowed and value not in allowed:
                 raise ValueError("%s=%r: expected one of %s" % (key, value, ", ".join(allowed)))
