@@ -262,7 +262,7 @@ def _hosts(group, device):
     host_of = _C.hosts_of([str(k) for k in keys])
     hosts = [[r for r, h in enumerate(host_of) if h == host] for host in range(max(host_of) + 1)]
     core_share = min(cores[r] / machines.count(machines[r]) for r in range(group.size()))
-    if len(hosts) < 2 or len({len(h) for h in hosts}) > 1 or len(hosts[0]) < 2 or host_of != sorted(host_of):
+    if not _C.hosts_in_blocks(host_of):
         return _Hosts(host_of, None, None, (0.0, 0.0), (0.0, 0.0), core_share)
     ranks = dist.get_process_group_ranks(group)
     me = group.rank()

@@ -170,6 +170,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("gathers_by_all_to_all") = false);
   m.def("host_key", &pycomm::host_key);
   m.def("hosts_of", &pycomm::hosts_of, py::arg("keys"));
+  m.def("hosts_in_blocks", [](const std::vector<int>& host_of) {
+    return pycomm::hosts_in_blocks(pycomm::Topology::from_node_of(host_of));
+  }, py::arg("host_of"), "Whether the two-level layered variants serve ranks on these hosts (runtime/plan.h).");
   m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));
   m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
   m.def("encoded_size", &pycomm::encoded_size, py::arg("codec"), py::arg("block"), py::arg("count"));

@@ -452,9 +452,8 @@ std::pair<size_t, double> best_parts(const std::vector<double>& resources_us, do
   return best;
 }
 
-// Hosts the two-level layered variants serve: several, of L >= 2 ranks each, numbered
-// host by host (the mover's subgroups of a host and of a local index are then ranges and
-// strides of ranks, in order).
+}  // namespace
+
 bool hosts_in_blocks(const Topology& t, std::string* why) {
   if (t.node_count() < 2) return say(why, "it needs more than one host");
   if (!t.uniform()) return say(why, "it needs the same number of ranks on every host");
@@ -463,6 +462,8 @@ bool hosts_in_blocks(const Topology& t, std::string* why) {
     if (t.node_of[r] < t.node_of[r - 1]) return say(why, "it needs ranks numbered host by host");
   return true;
 }
+
+namespace {
 
 bool layered_hierarchical_applies(const LayeredPlanInput& in, std::string* why) {
   const Topology& t = *in.topology;

@@ -113,6 +113,11 @@ struct LayeredPlan {
 
 LayeredPlan plan_layered(const LayeredPlanInput& in);
 
+// Hosts the two-level layered variants serve: several, of L >= 2 ranks each, numbered
+// host by host (the mover's subgroups of a host and of a local index are then ranges and
+// strides of ranks, in order); false (and why, where `why` is given) otherwise.
+bool hosts_in_blocks(const Topology& t, std::string* why = nullptr);
+
 // At most this many parts: more buy at most the last eighth of the shorter of the
 // mover's and this rank's work.
 constexpr size_t kMaxLayeredParts = 8;
