@@ -85,8 +85,12 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
     in.options.compression_block = static_cast<size_t>(options.block);
     in.options.determinism = parse<Determinism>(options.determinism);
     in.topology = &topology;
-    if (within.second > 0) in.costs.links.intra = {within.first, within.second};
-    if (across.second > 0) in.costs.links.inter = {across.first, across.second};
+    if (within.second > 0 || across.second > 0) {  // measured; a class not measured keeps its reference
+      LinkCosts measured = in.costs.links;
+      if (within.second > 0) measured.intra = {within.first, within.second};
+      if (across.second > 0) measured.inter = {across.first, across.second};
+      in.measured_links = measured;
+    }
     if (core_share > 0) in.costs.core_share = core_share;
     in.device_memory = device_memory;
     in.gathers_by_all_to_all = gathers_by_all_to_all;

@@ -69,6 +69,7 @@ Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
   in.topology = &topology_;
   in.chunk_bytes = chunk_bytes_;
   in.costs = costs_;
+  in.reference_costs = reference_costs_;
   in.network = group_uses_tcp_;
   in.device_memory = rq.device >= 0;
   in.device_team_bytes = device_team_bytes;

@@ -29,6 +29,8 @@ namespace pycomm {
 // This process's host, as groups tell nodes apart (rendezvous.cc): equal exactly for
 // processes that can map each other's shared memory and see each other's pids.
 std::string host_key();
+// The cores this process may run on (its affinity).
+int cores_available();
 
 class Communicator {
  public:
@@ -65,7 +67,6 @@ class Communicator {
   // "shm: ranks 1,2; tcp: rank 3", for logs and tests.
   std::string describe_transports() const;
   const Topology& topology() const { return topology_; }
-  const LinkCosts& link_costs() const { return costs_; }
   // What runs `rq` (identical on every rank) where the group's device team, if any, runs
   // all-reduces of up to `device_team_bytes` (see device_team_bytes()).
   Plan plan(const Request& rq, size_t device_team_bytes) const;
@@ -142,7 +143,8 @@ class Communicator {
   Config config_;
   std::vector<PeerInfo> ranks_;
   Topology topology_;
-  LinkCosts costs_;
+  LinkCosts costs_;            // measured, or read from PYCOMM_LINK_COSTS
+  LinkCosts reference_costs_;  // reference_link_costs of rank 0's machine, or read from PYCOMM_LINK_COSTS
   // Rung for every frame that arrives and when a pair's receive side is let go: a recv
   // from any source sleeps on it. In the shm transport's segment when there is one (the
   // senders of this host ring it there), else in own_doorbell_. Outlives the transports.

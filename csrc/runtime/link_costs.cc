@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "core/error.h"
 #include "runtime/communicator.h"
@@ -9,9 +11,11 @@ namespace pycomm {
 
 // Link costs are measured on one pair per link class (the lowest-numbered pair within a
 // node, and across nodes) and shared through the store, so that every rank selects
-// algorithms from the same numbers. With PYCOMM_LINK_COSTS naming an existing file, rank
-// 0 reads it instead ("intra <latency_us> <bytes_per_us>" and "inter ..." lines); naming
-// a missing file, rank 0 writes the measured costs there.
+// algorithms from the same numbers. The reference costs come from rank 0's machine (its
+// ranks per core), shared the same way. With PYCOMM_LINK_COSTS naming an existing file,
+// rank 0 reads it instead ("intra <latency_us> <bytes_per_us>" and "inter ..." lines),
+// and its costs are both the measured and the reference ones: pinned, so that every run
+// prices alike; naming a missing file, rank 0 writes the measured costs there.
 void Communicator::calibrate(Store& store, const std::string& prefix) {
   const std::string& file = config_.link_costs_file;
   if (rank_ == 0) {
@@ -19,8 +23,14 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
     std::stringstream text;
     if (!file.empty() && in) text << in.rdbuf();
     store.set(prefix + "/linkcost/file", text.str());
+    int local_ranks = 0;
+    for (const PeerInfo& p : ranks_) local_ranks += p.shares_host_with(ranks_[0]);
+    store.set(prefix + "/linkcost/ranks_per_core",
+              std::to_string(static_cast<double>(local_ranks) / std::max(1, cores_available())));
   }
   const std::string cached = store.get(prefix + "/linkcost/file");
+  reference_costs_ = reference_link_costs(std::stod(store.get(prefix + "/linkcost/ranks_per_core")));
+  LinkCost* references[2] = {&reference_costs_.intra, &reference_costs_.inter};
   LinkCost* classes[2] = {&costs_.intra, &costs_.inter};
   const char* names[2] = {"intra", "inter"};
   for (int cls = 0; cls < 2; ++cls) {
@@ -28,7 +38,8 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
     std::istringstream lines(cached);
     for (std::string line; std::getline(lines, line);)
       if (line.rfind(std::string(names[cls]) + " ", 0) == 0) value = line.substr(std::strlen(names[cls]) + 1);
-    if (value.empty()) {
+    const bool pinned = !value.empty();
+    if (!pinned) {
       int a = -1, b = -1;
       for (int i = 0; i < size_ && a < 0; ++i)
         for (int j = i + 1; j < size_ && a < 0; ++j)
@@ -55,6 +66,7 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
     std::istringstream fields(value);
     if (!(fields >> classes[cls]->latency_us >> classes[cls]->bytes_per_us) || classes[cls]->bytes_per_us <= 0)
       fail(ErrorKind::InvalidArgument, "pycomm: malformed link costs '" + value + "' (PYCOMM_LINK_COSTS=" + file + ")");
+    if (pinned) *references[cls] = *classes[cls];
   }
   if (rank_ == 0 && !file.empty() && cached.empty()) {
     std::ofstream out(file);

@@ -364,7 +364,11 @@ Plan plan_of(const Row& row, const PlanInput& in) {
   Plan p;
   p.algorithm = row.family;
   p.variant = row.variant;
-  p.predicted_us = in.topology->world() > 1 ? row.cost_us(in) : 0;
+  if (in.topology->world() > 1) {
+    PlanInput priced = in;
+    if (!ordered(in)) priced.costs = in.reference_costs;
+    p.predicted_us = row.cost_us(priced);
+  }
   p.run = row.run;
   return p;
 }
@@ -426,6 +430,11 @@ Plan make_plan(const PlanInput& in) {
   return p;
 }
 
+LinkCosts reference_link_costs(double ranks_per_core) {
+  const double waits = std::pow(std::max(1.0, ranks_per_core), 2);
+  return {{1.5 * waits, 5000}, {20 * waits, 1250}};
+}
+
 namespace {
 
 // A pipeline of `parts` parts over resources that work at once (the mover's links, this
@@ -479,14 +488,17 @@ bool layered_hierarchical_applies(const LayeredPlanInput& in, std::string* why) 
 
 }  // namespace
 
-LayeredPlan plan_layered(const LayeredPlanInput& in) {
+namespace {
+
+// The candidates of plan_layered priced at `links`: the direct variants, then the
+// hierarchical one where it applies.
+std::vector<LayeredPlan> layered_candidates(const LayeredPlanInput& in, const LinkCosts& links, bool hierarchical) {
   const Topology& t = *in.topology;
   const double n = t.world(), N = t.node_count(), L = t.uniform() ? t.ranks_per_node() : 1;
   const bool coded = in.options.compression != Compression::None;
   const size_t unit = coded ? in.options.compression_block : 1;
   const double B = static_cast<double>(in.count * element_size(in.dtype));
   const double W = coded ? static_cast<double>(encoded_bytes(in.options.compression, unit, in.count)) : B;
-  const LinkCosts& links = in.costs.links;
   const bool all_reduce = in.collective == Collective::AllReduce;
   const size_t direct_units = all_reduce ? std::max<size_t>(1, in.count / (static_cast<size_t>(n) * unit)) : 1;
   // A rank's host work: its own steps (about 3 B of memory traffic for encode, fold and
@@ -523,32 +535,46 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
                                  host_us(0, (L - 1) / n * W + (L - 1) / L * W), 3, direct_units));
   // Hierarchical: within the host 2 (L-1)/L B per rank, uncompressed, and one more copy of
   // the input (the shards' pieces gathered); across hosts 2 (N-1)/N W out of each host.
-  std::string why;
-  const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
-  if (hierarchical_ok)
+  if (hierarchical)
     candidates.push_back(planned(Variant::LayeredHierarchical, 2 * (N - 1) / N * W / links.inter.bytes_per_us,
                                  host_us(B, 2 * (L - 1) / L * B), 4,
                                  std::max<size_t>(1, ceil_div(in.count, static_cast<size_t>(L)) / unit)));
-  auto cheapest = [&](bool direct_only) {
-    const LayeredPlan* best = nullptr;
-    for (const LayeredPlan& p : candidates)
-      if ((!direct_only || p.variant != Variant::LayeredHierarchical) && (!best || p.predicted_us < best->predicted_us))
-        best = &p;
-    return *best;
-  };
+  return candidates;
+}
+
+LayeredPlan cheapest(const std::vector<LayeredPlan>& candidates, bool direct_only) {
+  const LayeredPlan* best = nullptr;
+  for (const LayeredPlan& p : candidates)
+    if ((!direct_only || p.variant != Variant::LayeredHierarchical) && (!best || p.predicted_us < best->predicted_us))
+      best = &p;
+  return *best;
+}
+
+}  // namespace
+
+LayeredPlan plan_layered(const LayeredPlanInput& in) {
+  std::string why;
+  const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
+  const std::vector<LayeredPlan> candidates =
+      layered_candidates(in, in.measured_links.value_or(in.costs.links), hierarchical_ok);
+  // Hierarchical or direct (the bits) at the reference links; which direct variant and how
+  // many parts (the same bits) at the measured ones.
+  const bool hierarchical_by_reference =
+      hierarchical_ok && cheapest(layered_candidates(in, in.costs.links, true), false).variant ==
+                             Variant::LayeredHierarchical;
   LayeredPlan chosen;
   switch (in.options.algorithm) {
     case Algorithm::Auto:
-      return cheapest(false);
+      return hierarchical_by_reference ? candidates.back() : cheapest(candidates, true);
     case Algorithm::TwoShot:
-      return cheapest(true);
+      return cheapest(candidates, true);
     case Algorithm::Hierarchical:
       if (hierarchical_ok) return candidates.back();
-      chosen = cheapest(true);
+      chosen = cheapest(candidates, true);
       chosen.fallback = "hierarchical cannot serve this call (" + why + ")";
       return chosen;
     default:
-      chosen = cheapest(false);
+      chosen = hierarchical_by_reference ? candidates.back() : cheapest(candidates, true);
       chosen.fallback = std::string(name_of(in.options.algorithm)) +
                         " is not an algorithm of the layered path (twoshot, hierarchical, auto)";
       return chosen;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "algorithms/algorithm.h"
@@ -30,7 +31,8 @@ struct PlanInput {
   CallOptions options;           // the requested family, compression as applied, determinism
   const Topology* topology = nullptr;
   size_t chunk_bytes = 1 << 18;  // payload of one frame
-  LinkCosts costs;
+  LinkCosts costs;                // measured at group creation (or pinned by a file)
+  LinkCosts reference_costs;      // stated for the group's shape (or pinned): see make_plan
   bool network = false;          // some pair of ranks exchanges frames over TCP (nodes, or forced)
   bool device_memory = false;    // the buffers are in GPU memory (see make_plan)
   size_t device_team_bytes = 0;  // all-reduces up to this size can run on the group's device team
@@ -47,12 +49,23 @@ struct Plan {
 };
 
 // The requested family where one of its rows applies, else the cheapest family by
-// predicted time (ties: two-shot, one-shot, ring, tree, hierarchical). Automatic choice
+// predicted time (ties: two-shot, one-shot, ring, tree, hierarchical). Priced at the
+// measured costs where every variant gives the same bits (modes 1 and exact: D3), and at
+// the reference costs in the default mode, whose variants add in orders of their own: a
+// measurement near a crossover would otherwise choose another order, and other bits, in
+// another run (D1). Automatic choice
 // for device memory within one node: every step costs a device synchronization, so the
 // direct algorithms, with the fewest steps, win at every size: all-reduce oneshot up to
 // kDeviceOneShotBytes and twoshot above, reduce-scatter and all-gather oneshot.
 constexpr size_t kDeviceOneShotBytes = 256 << 10;
 Plan make_plan(const PlanInput& in);
+
+// The reference link costs: stated, not measured, so the same for a group's shape in
+// every run. Shared memory 1.5 us and 5 GB/s, TCP 20 us and 1.25 GB/s (10 GbE); where a
+// machine's ranks outnumber its cores (`ranks_per_core` > 1) every wait may have to
+// schedule a peer, and latencies grow with its square (measured on 2 cores: a step of 4
+// ranks 3x, of 8 ranks 25x the step of 2).
+LinkCosts reference_link_costs(double ranks_per_core);
 
 // The plan of family `a` for the input, as make_plan would make it if `a` were asked
 // for; false (and why, where `why` is given) when none of its rows applies.
@@ -83,9 +96,7 @@ namespace pycomm {
 
 // What the mover costs: one collective's fixed cost, its links within a host and across
 // hosts (per rank and per host link, as LinkCosts), and the rate of pycomm's own steps on
-// each rank. The links are measured by the layered path when the group spans several
-// hosts; the rest, and the links of a group on one host, are the defaults below, stated
-// rather than measured.
+// each rank, stated rather than measured (the reference costs).
 struct MoverCosts {
   double collective_us = 250;      // a collective's fixed cost on the mover (gloo's on one host: 0.1-1 ms)
   LinkCosts links{{0, 2000}, {0, 1250}};  // within a host 2 GB/s (loopback TCP); across 1.25 GB/s (10 GbE)
@@ -100,6 +111,11 @@ struct LayeredPlanInput {
   CallOptions options;     // the requested family (Auto, TwoShot or Hierarchical), codec, determinism
   const Topology* topology = nullptr;  // the mover group's ranks by host
   MoverCosts costs;
+  // The mover's links as measured (a group across hosts). They choose among the variants
+  // of the same bits (the direct ones, and the parts); whether the default mode runs the
+  // hierarchical variant, which adds in another order, is priced at costs.links, so that
+  // no measurement changes its bits from one run to the next (D1).
+  std::optional<LinkCosts> measured_links;
   bool device_memory = false;  // CUDA tensors: every step is enqueued on one stream, nothing overlaps
   bool gathers_by_all_to_all = false;  // the mover's all-to-all carries an all-gather's bytes faster (gloo)
 };

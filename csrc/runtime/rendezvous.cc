@@ -81,13 +81,13 @@ std::string knob_differences(const std::string& theirs, const Config& mine, int 
   return out;
 }
 
+}  // namespace
+
 int cores_available() {
   cpu_set_t set;
   CPU_ZERO(&set);
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
-
-}  // namespace
 
 // The same boot of the same machine, mount, pid and network namespace (a network
 // namespace stands for a separate host in multi-host tests).
@@ -228,7 +228,9 @@ void Communicator::connect(Store& store, const std::string& prefix) {
        << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
        << " B, spin " << spin_us << " us; link costs intra " << costs_.intra.latency_us << " us + "
        << costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << costs_.inter.latency_us << " us + "
-       << costs_.inter.bytes_per_us / 1e3 << " GB/s";
+       << costs_.inter.bytes_per_us / 1e3 << " GB/s (reference: intra " << reference_costs_.intra.latency_us
+       << " us + " << reference_costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << reference_costs_.inter.latency_us
+       << " us + " << reference_costs_.inter.bytes_per_us / 1e3 << " GB/s)";
     log_line(os.str());
   }
 }

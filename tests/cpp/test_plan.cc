@@ -30,6 +30,7 @@ static PlanInput input(const Topology& t, size_t bytes, Collective c = Collectiv
   in.network = t.node_count() > 1;  // nodes talk over TCP
   in.costs.intra = {2.0, 8000.0};
   in.costs.inter = {30.0, 125.0};
+  in.reference_costs = in.costs;
   return in;
 }
 
@@ -89,16 +90,31 @@ static void test_auto_choices() {
 }
 
 static void test_costs_drive_the_choice() {
-  // The same request flips with the measured link costs: one-shot while latency dominates,
-  // two-shot once the link is slow enough that bytes dominate.
+  // The same request flips with the link costs: one-shot while latency dominates,
+  // two-shot once the link is slow enough that bytes dominate. Deterministic modes price
+  // at the measured costs, the default mode at the reference ones alone.
   const Topology one = uniform(1, 4);
   PlanInput in = input(one, 256 << 10);
-  in.costs.intra = {1000.0, 8000.0};
-  const std::string slow_latency = chosen(in);
-  in.costs.intra = {0.5, 100.0};
-  const std::string slow_bandwidth = chosen(in);
-  CHECK(slow_latency == "oneshot" && slow_bandwidth == "twoshot", "latency-bound %s, bandwidth-bound %s",
-        slow_latency.c_str(), slow_bandwidth.c_str());
+  for (Determinism mode : {Determinism::Ordered, Determinism::Default}) {
+    in.options.determinism = mode;
+    LinkCost& priced = (mode == Determinism::Default ? in.reference_costs : in.costs).intra;
+    priced = {1000.0, 8000.0};
+    const std::string slow_latency = chosen(in);
+    priced = {0.5, 100.0};
+    const std::string slow_bandwidth = chosen(in);
+    CHECK(slow_latency == "oneshot" && slow_bandwidth == "twoshot", "%s: latency-bound %s, bandwidth-bound %s",
+          name_of(mode), slow_latency.c_str(), slow_bandwidth.c_str());
+  }
+  // Default mode: no measurement moves the choice, since its variants add in orders of
+  // their own (D1 across runs). Here the tree family's two variants, on 2 x 2 over TCP.
+  const Topology two = uniform(2, 2);
+  PlanInput tree = input(two, 80 << 10, Collective::AllReduce, Algorithm::Tree);
+  const std::string by_reference = label(tree);
+  for (LinkCost measured : {LinkCost{1.0, 100000.0}, LinkCost{5000.0, 1.0}, LinkCost{0.1, 1.0}}) {
+    tree.costs.inter = tree.costs.intra = measured;
+    CHECK(label(tree) == by_reference, "tree variant %s by measurement, %s by reference", label(tree),
+          by_reference.c_str());
+  }
   // Two-shot moves what a ring moves in fewer dependent hops: never worse on one node.
   for (size_t bytes : {size_t{4096}, size_t{1} << 20, size_t{64} << 20})
     CHECK(predicted_us(Algorithm::TwoShot, input(one, bytes)) <= predicted_us(Algorithm::Ring, input(one, bytes)),
