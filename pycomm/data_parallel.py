@@ -1,28 +1,37 @@
 """World-size-invariant data parallelism: the gradients of a step's micro-batches, on
-however many ranks they were computed, summed exactly and rounded once.
+however many ranks they were computed, summed in an order-free state and rounded once, so
+that the step's gradient is reproducible: the same bits on 1, 2, 4 or 8 ranks.
 
 Usage, in place of DistributedDataParallel::
 
     edp = pycomm.exact_data_parallel(model, group)      # group: any backend
     for inputs, targets in my_micro_batches:             # this rank's share of the step
         loss_fn(model(inputs), targets).backward()       # each gradient enters the accumulator
-    edp.reduce_gradients()                               # .grad = the global mean, exactly
+    edp.reduce_gradients()                               # .grad = the global mean, reproducibly
     optimizer.step(); optimizer.zero_grad()
 
 Each parameter's gradient, as autograd finishes it for a micro-batch, is moved out of
-``.grad`` into an order-free exact state (core/numerics.h, "Binned exact sums": an int8
-bin index and two float64 bins per element). ``reduce_gradients`` merges the states of
-every rank (the largest bin index by a MAX all-reduce, then the bins by a SUM all-reduce,
-which adds integers held exactly in float64, so any backend's order gives the same bits)
-and writes sum / (global number of micro-batches) to ``.grad``. The result depends only on
-the multiset of micro-batch gradients: the same on 1, 2, 4 or 8 ranks (D5 for the step's
-gradient), whatever the timing.
+``.grad`` into an order-free state (core/numerics.h, "Binned exact sums": an int8 bin
+index and two float64 bins per element). Each term enters truncated to the grid of 2^-32
+of the element's largest term, and those truncated terms are added exactly: no order or
+split changes a bit. ``reduce_gradients`` merges the states of every rank (the largest bin
+index by a MAX all-reduce, then the bins by a SUM all-reduce, which adds integers held
+exactly in float64, so any backend's order gives the same bits) and writes sum / (global
+number of micro-batches), rounded once, to ``.grad``. The result depends only on the
+multiset of micro-batch gradients: the same on 1, 2, 4 or 8 ranks (D5 for the step's
+gradient), whatever the timing. Its error against the true sum: under 2^-32 of the
+largest term per term, then one rounding. The bins add at most ``max_terms()`` terms
+exactly: every rank's micro-batches together, checked on the merged count before a value
+is written.
 
 Under FSDP2 (``module`` holds modules made by ``fully_shard``) the accumulator works inside
-each FSDP module's reduce-scatter instead: every micro-batch's unsharded gradient enters
-that module's exact state and the reduce-scatter returns zeros, except in the backward
-run inside ``edp.last_micro_batch()``, where the ranks' states are merged (MAX all-reduce,
-align, SUM reduce-scatter) and each rank receives its shard of the exact mean::
+each FSDP module's reduce-scatter instead, and keeps only this rank's shard of the state:
+each micro-batch's unsharded gradient is binned into a state of that module alone, the
+ranks' states are merged into the shards (the largest bin index by a MAX all-reduce of 1
+byte per parameter, align, a SUM reduce-scatter of the two bins) and added to this rank's
+shard state; the unsharded state is then dropped. The reduce-scatter returns zeros, except
+in the backward run inside ``edp.last_micro_batch()``, where it returns this rank's shard
+of the mean::
 
     for i, (inputs, targets) in enumerate(my_micro_batches):
         with edp.last_micro_batch() if i == len(my_micro_batches) - 1 else contextlib.nullcontext():
@@ -49,14 +58,19 @@ __all__ = ["ExactDataParallel"]
 _NO_BIN = -128  # a bin index below every bin: the state of an element with no term yet
 
 
+def max_terms():
+    """How many terms (micro-batch gradients of every rank) a state adds exactly."""
+    return _C.binned_max_terms()
+
+
 class ExactDataParallel:
-    """The exact gradient accumulator of ``module``'s parameters over ``group`` (None: the
+    """The reproducible gradient accumulator of ``module``'s parameters over ``group`` (None: the
     default group); see the module's docstring.
 
     ``average``: divide the sum by the global number of micro-batches (True) or not.
     ``compression``: a codec (e.g. ``"fp8_e4m3"``) for the cross-rank step: each rank's
-    exact local sum, rounded once, is all-reduced by ``pycomm.all_reduce(...,
-    compression=, deterministic="exact")`` instead of exchanging the exact states; the
+    local binned sum, rounded once, is all-reduced by ``pycomm.all_reduce(...,
+    compression=, deterministic="exact")`` instead of exchanging the states; the
     result is then identical across runs, timings, algorithms and topologies (D0-D4) but
     not across world sizes, since each rank's partial sum is quantized.
     ``broadcast_parameters``: copy rank 0's parameters and buffers to every rank now, as
@@ -98,10 +112,13 @@ class ExactDataParallel:
             begins.append(begins[-1] + p.numel())
         n = begins[-1]
         self._slices = [slice(b, e) for b, e in zip(begins, begins[1:])]
-        self._index = torch.full((n,), _NO_BIN, dtype=torch.int8)
-        # hi, lo, then this rank's number of micro-batches: one SUM all-reduce carries all.
-        self._bins = torch.zeros(2 * n + 1, dtype=torch.float64)
-        self._hi, self._lo = self._bins[:n], self._bins[n:2 * n]
+        # The state, padded to whole shards of the group's ranks (the padding holds no term).
+        self._ranks, self._rank = dist.get_world_size(group), dist.get_rank(group)
+        self._width = -(-n // self._ranks)
+        padded = self._width * self._ranks
+        self._index = torch.full((padded,), _NO_BIN, dtype=torch.int8)  # each micro-batch's first term
+        self._hi = torch.zeros(padded, dtype=torch.float64)              # writes a parameter's state;
+        self._lo = torch.zeros(padded, dtype=torch.float64)              # the padding stays empty
         self._taken = [0] * len(self.params)
         if broadcast_parameters:
             self._broadcast_state()
@@ -119,13 +136,14 @@ class ExactDataParallel:
     def _take_hook(self, k):
         def take(param):
             s = self._slices[k]
-            if self._taken[k] >= _C.binned_max_terms():
-                raise RuntimeError(f"pycomm.exact_data_parallel: more than {_C.binned_max_terms()} micro-batches "
+            if self._taken[k] >= max_terms():
+                raise RuntimeError(f"pycomm.exact_data_parallel: more than {max_terms()} micro-batches "
                                    "without reduce_gradients()")
             grad = param.grad
             if grad.is_sparse:
                 grad = grad.to_dense()
-            _C.add_to_bins(self._index[s], self._hi[s], self._lo[s], grad.contiguous().view(-1))
+            _C.add_to_bins(self._index[s], self._hi[s], self._lo[s], grad.contiguous().view(-1),
+                           empty=self._taken[k] == 0)
             self._taken[k] += 1
             param.grad = None
         return take
@@ -150,40 +168,63 @@ class ExactDataParallel:
         _exact_all_reduce(tensor, op, self.group)
 
     def reduce_gradients(self):
-        """Collective over the group: writes to every parameter's ``.grad`` the exact sum of
-        the gradients of every rank's micro-batches since the last call (divided by their
-        global number where ``average``), rounded once, and empties the accumulator."""
+        """Collective over the group: writes to every parameter's ``.grad`` the binned sum
+        of the gradients of every rank's micro-batches since the last call (divided by
+        their global number where ``average``), rounded once, and empties the accumulator.
+        More than ``max_terms()`` micro-batches over all ranks raise a RuntimeError on
+        every rank, and no ``.grad`` is written."""
         if self._sharded:
             for comm in self._comms:
                 comm.check_merged()
             return
-        n = self._index.numel()
-        self._bins[2 * n] = self.micro_batches
+        for k, s in enumerate(self._slices):
+            if not self._taken[k]:  # no gradient this step: its state is the last step's
+                self._index[s].fill_(_NO_BIN)
+                self._hi[s].zero_()
+                self._lo[s].zero_()
+        count = torch.tensor([float(self.micro_batches)], dtype=torch.float64)
+        self._all_reduce(count, dist.ReduceOp.SUM)
+        total = int(count.item())
         if self.compression is None:
+            self._check_merged_terms(total)
+            # The ranks' states aligned to the largest index, their bins added into each
+            # rank's shard (reduce-scatter: the integers in the bins add exactly, in any
+            # order), the shard's values, then the values gathered: 4 bytes per parameter
+            # where the bins are 16.
             top = self._index.clone()
             self._all_reduce(top, dist.ReduceOp.MAX)
             _C.align_bins(self._index, self._hi, self._lo, top)
-            self._all_reduce(self._bins, dist.ReduceOp.SUM)
-            total = int(self._bins[2 * n].item())
-            divisor = float(total) if self.average and total else 1.0
-            for p, s in zip(self.params, self._slices):
-                p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-                _C.value_of_bins(p.grad.view(-1), self._hi[s], self._lo[s], divisor)
+            del top
+            hi, lo = (torch.empty(self._width, dtype=torch.float64) for _ in range(2))
+            _exact_reduce_scatter(hi, self._hi, self.group)
+            _exact_reduce_scatter(lo, self._lo, self.group)
+            mine = torch.empty(self._width, dtype=torch.float32)
+            _C.value_of_bins(mine, hi, lo, float(total) if self.average and total else 1.0)
+            values = torch.empty(self._width * self._ranks, dtype=torch.float32)
+            _exact_all_gather(values, mine, self.group)
         else:
-            local = torch.empty(n, dtype=torch.float32)
-            _C.value_of_bins(local, self._hi, self._lo, 1.0)
-            count = self._bins[2 * n:]
-            self._all_reduce(count, dist.ReduceOp.SUM)
-            pycomm.all_reduce(local, dist.ReduceOp.SUM, self.group, compression=self.compression,
+            n = self._slices[-1].stop if self._slices else 0
+            values = torch.empty(n, dtype=torch.float32)
+            _C.value_of_bins(values, self._hi[:n], self._lo[:n], 1.0)
+            pycomm.all_reduce(values, dist.ReduceOp.SUM, self.group, compression=self.compression,
                               deterministic="exact")
-            total = int(count.item())
             if self.average and total:
-                local /= total
-            for p, s in zip(self.params, self._slices):
-                p.grad = local[s].view_as(p).to(p.dtype, copy=True)
-        self._index.fill_(_NO_BIN)
-        self._bins.zero_()
-        self._taken = [0] * len(self.params)
+                values /= total
+        # float32 values, each then rounded to a 16-bit parameter's type (as value_of_bins
+        # rounds: to float32, then to the type).
+        for p, s in zip(self.params, self._slices):
+            p.grad = values[s].view_as(p) if p.dtype == torch.float32 else values[s].view_as(p).to(p.dtype)
+        self._empty()
+
+    def _empty(self):
+        self._taken = [0] * len(self.params)  # the next terms overwrite the states (add_to_bins(empty=True))
+
+    def _check_merged_terms(self, total):
+        if total > max_terms():
+            self._empty()
+            raise RuntimeError(f"pycomm.exact_data_parallel: the ranks' states hold {total} micro-batch gradients "
+                               f"together, more than the {max_terms()} they add exactly; no gradient was written "
+                               "(call reduce_gradients() more often)")
 
     def remove(self):
         """Detaches the accumulator: gradients accumulate in ``.grad`` again (without
@@ -207,6 +248,13 @@ def _exact_all_reduce(tensor, op, group):
         dist.all_reduce(tensor, op, group=group)
 
 
+def _exact_all_gather(output, input, group):
+    if _on_pycomm(group, input.device):
+        pycomm.all_gather_into_tensor(output, input, group, compression="none")
+    else:
+        dist.all_gather_into_tensor(output, input, group=group)
+
+
 def _exact_reduce_scatter(output, input, group):
     if _on_pycomm(group, input.device):
         pycomm.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group, compression="none")
@@ -221,47 +269,53 @@ def _fsdp_modules(module):
 class _ExactReduceScatter(_FSDPReduceScatter):
     """One FSDP module's reduce-scatter under :class:`ExactDataParallel` (FSDP2's comm
     interface: ``allocate`` and a call with the output, the input laid out as FSDP chunks
-    it, the group and the op, which is ignored: the result is the exact mean, or sum)."""
+    it, the group and the op, which is ignored: the result is the mean, or sum). Keeps this
+    rank's shard of the module's state from micro-batch to micro-batch."""
 
     def __init__(self, owner):
         self.owner = owner
-        self.state, self.calls, self.merged = None, 0, True
+        self.shard, self.terms, self.merged = None, 0, True
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        flat = input_tensor.contiguous().view(-1)
-        if self.state is None or self.state[0].numel() != flat.numel():
-            self.state = (torch.full((flat.numel(),), _NO_BIN, dtype=torch.int8),
-                          torch.zeros(flat.numel(), dtype=torch.float64), torch.zeros(flat.numel(), dtype=torch.float64))
-        if self.calls >= _C.binned_max_terms():
-            raise RuntimeError(f"pycomm.exact_data_parallel: more than {_C.binned_max_terms()} micro-batches in a step")
-        _C.add_to_bins(*self.state, flat)
-        self.calls += 1
-        self.merged = False
+        ranks, width = dist.get_world_size(group), output_tensor.numel()
+        terms = self.terms + ranks  # every rank's gradient of this micro-batch; all ranks count alike
+        if terms > max_terms():
+            self.shard, self.terms, self.merged = None, 0, True
+            raise RuntimeError(f"pycomm.exact_data_parallel: {terms} micro-batch gradients over all ranks in a "
+                               f"step, more than the {max_terms()} its state adds exactly")
+        # This micro-batch's state, chunk r (FSDP's layout: rank r's shard) laid out as
+        # [hi, lo] so that one reduce-scatter carries both bins.
+        chunks = input_tensor.contiguous().view(ranks, width)
+        index = torch.empty((ranks, width), dtype=torch.int8)
+        bins = torch.empty(ranks, 2, width, dtype=torch.float64)
+        for r in range(ranks):
+            _C.add_to_bins(index[r], bins[r, 0], bins[r, 1], chunks[r], empty=True)
+        top = index.clone()
+        _exact_all_reduce(top, dist.ReduceOp.MAX, group)
+        for r in range(ranks):
+            _C.align_bins(index[r], bins[r, 0], bins[r, 1], top[r])
+        mine = torch.empty(2, width, dtype=torch.float64)
+        _exact_reduce_scatter(mine.view(-1), bins.view(-1), group)
+        mine_index = top[dist.get_rank(group)].clone()
+        del index, bins, top
+        if self.shard is None:
+            self.shard = (mine_index, mine[0], mine[1])
+        else:
+            _C.merge_bins(*self.shard, mine_index, mine[0], mine[1])
+        self.terms, self.merged = terms, False
         if not self.owner._finishing:
             output_tensor.zero_()  # FSDP adds it to the shard's gradient: nothing yet
             return None
-        index, hi, lo = self.state
-        top = index.clone()
-        _exact_all_reduce(top, dist.ReduceOp.MAX, group)
-        _C.align_bins(index, hi, lo, top)
-        shard = output_tensor.numel()
-        hi_shard = torch.empty(shard, dtype=torch.float64)
-        lo_shard = torch.empty(shard, dtype=torch.float64)
-        _exact_reduce_scatter(hi_shard, hi, group)
-        _exact_reduce_scatter(lo_shard, lo, group)
-        count = torch.tensor([float(self.calls)], dtype=torch.float64)
-        _exact_all_reduce(count, dist.ReduceOp.SUM, group)
-        total = count.item()
-        divisor = total if self.owner.average else 1.0
-        _C.value_of_bins(output_tensor.view(-1), hi_shard, lo_shard, divisor)
-        self.state, self.calls, self.merged = None, 0, True
+        divisor = float(terms) if self.owner.average else 1.0
+        _C.value_of_bins(output_tensor.view(-1), self.shard[1], self.shard[2], divisor)
+        self.shard, self.terms, self.merged = None, 0, True
         return None
 
     def check_merged(self):
         if not self.merged:
-            self.state, self.calls, self.merged = None, 0, True
+            self.shard, self.terms, self.merged = None, 0, True
             raise RuntimeError("pycomm.exact_data_parallel: under FSDP2 the step's last backward must run inside "
-                               "edp.last_micro_batch(), where the ranks' gradients are merged")
+                               "edp.last_micro_batch(), where this rank's shard of the gradient is written")

@@ -5,6 +5,7 @@ global batch of 8 micro-batches, where plain DDP in pycomm's exact mode does not
 
 import contextlib
 import hashlib
+import math
 import random
 import time
 from fractions import Fraction
@@ -83,6 +84,45 @@ def test_binned_sum_is_the_same_for_any_order_and_split(seed):
         assert torch.equal(_bits(_value(_merged(states))), _bits(one)), parts
     assert torch.isinf(one[0]) and one[0] > 0 and torch.isnan(one[1]) and torch.isnan(one[2])
     assert torch.equal(_bits(one[20:30]), torch.zeros(10, dtype=torch.int32))
+
+
+def _binned_add_reference(state, k, x):
+    """numerics.h's binned_add of the float x into element k of the state, one term at a
+    time in Python's doubles: the specification the vectorized accumulator must match."""
+    index, hi, lo = state
+    i, h, l = int(index[k]), float(hi[k]), float(lo[k])
+    if math.isinf(x) or math.isnan(x):
+        hi[k] = h + x
+        return
+    if x == 0.0:
+        return
+    e = max(math.frexp(x)[1] - 1, -126)  # 2^e <= |x| < 2^(e+1); subnormals share 2^-126's bin
+    b = e // 32
+    if b > i:
+        finite = not (math.isinf(h) or math.isnan(h))
+        l = 0.0 if not finite or b - i >= 2 else h
+        h = 0.0 if finite else h
+        i = b
+    top = math.ldexp(math.trunc(math.ldexp(x, -32 * i)), 32 * i)
+    index[k], hi[k] = i, h + top
+    lo[k] = l + math.ldexp(math.trunc(math.ldexp(x - top, 32 - 32 * i)), 32 * i - 32)
+
+
+def test_binned_add_matches_its_specification():
+    """The accumulator's vectorized runs (finite terms) and its term-by-term path (runs
+    holding a non-finite term), against the specification, bit for bit: indices raised by
+    0, 1 and 2+ bins, zeros, subnormals and non-finite terms."""
+    n, k = 1200, 6
+    terms = _terms(n, k, 5, spread=70)
+    terms[2][700] = float("nan")  # one run of 256 on the term-by-term path
+    state, reference = _state(n), _state(n)
+    for t in terms:
+        _C.add_to_bins(*state, t)
+        for j, x in enumerate(t.tolist()):
+            _binned_add_reference(reference, j, x)
+    assert torch.equal(state[0], reference[0])
+    for got, want in zip(state[1:], reference[1:]):
+        assert torch.equal(got.view(torch.int64), want.view(torch.int64))
 
 
 def test_binned_sum_error_bound():
@@ -306,4 +346,66 @@ def refusals_world(rank, ws):
 
 def test_exact_data_parallel_refuses_what_it_cannot_do():
     for problems in run_world(refusals_world, 2, timeout=120):
+        assert not problems, problems
+
+
+def merged_bound_world(rank, ws):
+    """The states add at most max_terms() terms exactly (lowered to 3 here): 2 micro-batches
+    per rank pass each rank's own check, but the merged states hold 2 * ws; every rank
+    raises before a gradient is written, and the accumulator is usable again."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from pycomm import data_parallel
+
+    data_parallel.max_terms = lambda: 3
+    problems = []
+    for sharded in (False, True):
+        model = _model("mlp")
+        if sharded:
+            fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+        edp = pycomm.exact_data_parallel(model)
+        x, y = _micro_batch("mlp", 0, rank)
+        try:
+            for i in range(2):
+                with edp.last_micro_batch() if i == 1 else contextlib.nullcontext():
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+            edp.reduce_gradients()
+            problems.append(f"sharded={sharded}: 4 merged terms accepted")
+        except RuntimeError as e:
+            if "more than the 3" not in str(e):
+                problems.append(f"sharded={sharded}: {e}")
+        if not sharded and any(p.grad is not None for p in model.parameters()):
+            problems.append("a gradient was written")
+        with edp.last_micro_batch():  # one micro-batch per rank: within the bound
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        edp.reduce_gradients()
+        if any(p.grad is None for p in model.parameters()):
+            problems.append(f"sharded={sharded}: no gradient after a step within the bound")
+    return problems
+
+
+def unused_parameters_world(rank, ws):
+    """A parameter without a gradient in a step gets zeros, not the last step's sum."""
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    model = torch.nn.ModuleList([used, unused])
+    edp = pycomm.exact_data_parallel(model)
+    x = torch.ones(2, 4)
+    (used(x).sum() + unused(x).sum()).backward()
+    edp.reduce_gradients()
+    model.zero_grad()
+    used(x).sum().backward()
+    edp.reduce_gradients()
+    return [] if all(torch.equal(p.grad, torch.zeros_like(p)) for p in unused.parameters()) else \
+        ["the unused parameters' gradients are the last step's"]
+
+
+def test_merged_states_are_checked_against_the_bound():
+    for problems in run_world(merged_bound_world, 2, timeout=120):
+        assert not problems, problems
+
+
+def test_a_parameter_without_a_gradient_gets_zeros():
+    for problems in run_world(unused_parameters_world, 2, timeout=120):
         assert not problems, problems

@@ -9,12 +9,19 @@
 namespace pycomm {
 
 // Adds `terms` (float32, float16 or bfloat16), element by element, into the state
-// (`index` int8, `hi` and `lo` float64).
-void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& terms);
+// (`index` int8, `hi` and `lo` float64). `empty`: the state holds no term yet, and its
+// contents are neither read nor need to be initialized (the first term of a state).
+void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& terms, bool empty);
 
 // Shifts the state to the indices `to` (int8, each at least the state's own): the form in
 // which states of several ranks add exactly.
 void align_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& to);
+
+// Adds the state (`other_index`, `other_hi`, `other_lo`) into the state (`index`, `hi`,
+// `lo`): both aligned to the larger index, then their bins added (exactly, while the two
+// hold at most binned_max_terms() terms together).
+void merge_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& other_index,
+                const at::Tensor& other_hi, const at::Tensor& other_lo);
 
 // out (float32, float16 or bfloat16) = the state's sum / divisor: the sum rounded once to
 // float32 where divisor is 1 (or a power of two), else divided in float64 first; NaN is

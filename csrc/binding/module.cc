@@ -180,9 +180,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("op"), py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
         py::call_guard<py::gil_scoped_release>());
   m.def("add_to_bins", &pycomm::add_to_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("terms"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("empty") = false, py::call_guard<py::gil_scoped_release>());
   m.def("align_bins", &pycomm::align_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("to"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("merge_bins", &pycomm::merge_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("other_index"),
+        py::arg("other_hi"), py::arg("other_lo"), py::call_guard<py::gil_scoped_release>());
   m.def("value_of_bins", &pycomm::value_of_bins, py::arg("out"), py::arg("hi"), py::arg("lo"), py::arg("divisor"),
         py::call_guard<py::gil_scoped_release>());
   m.def("binned_max_terms", [] { return pycomm::binned_max_terms(); });

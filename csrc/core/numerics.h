@@ -277,11 +277,12 @@ constexpr int64_t kBinnedMaxTerms = int64_t{1} << 20;
 PYCOMM_HD double bin_unit(int b) { return bit_cast_<double>(static_cast<int64_t>(1023 + kBinBits * b) << 52); }
 
 // The bin of a finite nonzero float (subnormals share the bin of 2^-126).
-PYCOMM_HD int8_t bin_of(float x) {
-  const int32_t biased = magnitude_bits(x) >> 23;
+PYCOMM_HD int32_t bin_of_magnitude(int32_t magnitude) {
+  const int32_t biased = magnitude >> 23;
   const int32_t e = (biased > 1 ? biased : 1) - 127;
-  return static_cast<int8_t>((e + 8 * kBinBits) / kBinBits - 8);  // floor(e / 32) for e >= -256
+  return (e + 8 * kBinBits) / kBinBits - 8;  // floor(e / 32) for e >= -256
 }
+PYCOMM_HD int8_t bin_of(float x) { return static_cast<int8_t>(bin_of_magnitude(magnitude_bits(x))); }
 
 // The state shifted to index `to` (>= index).
 PYCOMM_HD void binned_align(int8_t& index, double& hi, double& lo, int8_t to) {
@@ -292,22 +293,46 @@ PYCOMM_HD void binned_align(int8_t& index, double& hi, double& lo, int8_t to) {
   index = to;
 }
 
-PYCOMM_HD void binned_add(int8_t& index, double& hi, double& lo, float x) {
-  if (nonfinite_magnitude(magnitude_bits(x))) {
-    hi += x;
-    return;
-  }
-  if (x == 0.0f) return;
-  const int8_t b = bin_of(x);
-  if (b > index) binned_align(index, hi, lo, b);
-  // Scalings by powers of two are exact; a conversion to int64_t truncates toward zero
-  // (each quotient is below 2^32). x - top is exact and has x's sign, so the second
-  // addend is trunc_(I-1)(x) - trunc_I(x).
+// q truncated toward zero, for |q| < 2^51: rounded to an integer by adding and subtracting
+// 1.5 * 2^52 (to nearest), then stepped back toward zero where that rounded away. No
+// branch and no integer conversion, so that loops of it vectorize.
+PYCOMM_HD double trunc_small(double q) {
+  const double r = (q + 0x1.8p52) - 0x1.8p52;
+  return r - (q >= 0 ? (r > q ? 1.0 : 0.0) : (r < q ? -1.0 : 0.0));
+}
+
+// A finite term that does not raise the index (bin_of(x) <= index, or x == 0) added into
+// the bins. Scalings by powers of two are exact, and each quotient is below 2^32 in
+// magnitude; x - top is exact and has x's sign, so the second addend is
+// trunc_(I-1)(x) - trunc_I(x). A zero adds +0.0 or -0.0, which change no bin (bins are
+// never -0.0: they start at +0.0, and a sum that cancels is +0.0).
+PYCOMM_HD void binned_add_within(int8_t index, double& hi, double& lo, float x) {
+  const int b = index == kNoBin ? 0 : index;  // no bin yet: x == 0, and any finite unit will do
   const double v = x;
-  const double top = static_cast<double>(static_cast<int64_t>(v * bin_unit(-index))) * bin_unit(index);
-  const double rest = v - top;
+  const double top = trunc_small(v * bin_unit(-b)) * bin_unit(b);
   hi += top;
-  lo += static_cast<double>(static_cast<int64_t>(rest * bin_unit(1 - index))) * bin_unit(index - 1);
+  lo += trunc_small((v - top) * bin_unit(1 - b)) * bin_unit(b - 1);
+}
+
+// binned_add of a finite term: binned_align to the term's bin where it is above the
+// index, written as selects (no branch, no integer conversion of a double), so that
+// loops of it vectorize.
+PYCOMM_HD void binned_add_finite(int8_t& index, double& hi, double& lo, float x) {
+  const int32_t a = magnitude_bits(x);
+  const int32_t to = a != 0 && bin_of_magnitude(a) > index ? bin_of_magnitude(a) : index;
+  const int32_t rise = to - index;
+  const bool finite = !nonfinite_magnitude(magnitude_bits(hi));
+  lo = rise == 0 ? lo : !finite || rise >= 2 ? 0.0 : hi;
+  hi = finite && rise > 0 ? 0.0 : hi;
+  index = static_cast<int8_t>(to);
+  binned_add_within(index, hi, lo, x);
+}
+
+PYCOMM_HD void binned_add(int8_t& index, double& hi, double& lo, float x) {
+  if (nonfinite_magnitude(magnitude_bits(x)))
+    hi += x;
+  else
+    binned_add_finite(index, hi, lo, x);
 }
 
 // hi + lo rounded to a double by round-to-odd (the exact sum's last bit kept sticky), so
