@@ -15,9 +15,9 @@ Each parameter's gradient, as autograd finishes it for a micro-batch, is moved o
 index and two float64 bins per element). Each term enters truncated to the grid of 2^-32
 of the element's largest term, and those truncated terms are added exactly: no order or
 split changes a bit. ``reduce_gradients`` merges the states of every rank (the largest bin
-index by a MAX all-reduce, then the bins by a SUM all-reduce, which adds integers held
-exactly in float64, so any backend's order gives the same bits) and writes sum / (global
-number of micro-batches), rounded once, to ``.grad``. The result depends only on the
+index by a MAX all-reduce, then the bins by a SUM reduce-scatter into each rank's shard,
+which adds integers held exactly in float64, so any backend's order gives the same bits),
+and all-gathers sum / (global number of micro-batches), rounded once, into ``.grad``. The result depends only on the
 multiset of micro-batch gradients: the same on 1, 2, 4 or 8 ranks (D5 for the step's
 gradient), whatever the timing. Its error against the true sum: under 2^-32 of the
 largest term per term, then one rounding. The bins add at most ``max_terms()`` terms
@@ -113,7 +113,7 @@ class ExactDataParallel:
         n = begins[-1]
         self._slices = [slice(b, e) for b, e in zip(begins, begins[1:])]
         # The state, padded to whole shards of the group's ranks (the padding holds no term).
-        self._ranks, self._rank = dist.get_world_size(group), dist.get_rank(group)
+        self._ranks = dist.get_world_size(group)
         self._width = -(-n // self._ranks)
         padded = self._width * self._ranks
         self._index = torch.full((padded,), _NO_BIN, dtype=torch.int8)  # each micro-batch's first term

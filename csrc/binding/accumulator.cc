@@ -41,7 +41,8 @@ void dispatch_gradient(at::ScalarType dtype, F&& f) {
 }
 
 // x86-64's baseline (SSE2) cannot vectorize binned_add_finite's mix of int8 and double
-// lanes; an AVX2 clone does (4-5x faster), chosen when the library loads.
+// lanes; an AVX2 clone does, chosen when the library loads (the pass then runs at the
+// memory's rate: 38 bytes per term).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PYCOMM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
