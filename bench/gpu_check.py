@@ -15,7 +15,8 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
                 on CUDA tensors bit for bit against the CPU path, AVG included
   cuda-faults   tests/test_cuda.py's fault tests: a peer of the flag one-shot asleep or
                 killed is reported in time
-  triton-tests  tests/test_triton_kernels.py with the kernels compiled for the GPU
+  triton-tests  tests/test_triton_kernels.py and tests/test_triton_binned.py (the exact
+                gradient accumulator's kernels) with the kernels compiled for the GPU
   layered       tests/test_cuda.py's layered tests: NCCL moving at 1 rank, gloo moving CUDA
                 tensors at 2 and 4 ranks on the GPU, every codec, both deterministic modes,
                 with the CUDA kernels and with the Triton kernels: the native CPU bits
@@ -119,8 +120,9 @@ def plan(dry):
         # that survives, must not fault beside other processes sharing an MPS server.
         Step("cuda-faults", 60, "tests/test_cuda.py's flag one-shot with a peer asleep or killed: reported in time",
              tests("tests/test_cuda.py", "-k", "missing_peer"), env=worlds(60)),
-        Step("triton-tests", 90, "tests/test_triton_kernels.py compiled for the GPU: bits equal to the CPU ops",
-             tests("tests/test_triton_kernels.py", parallel=["-n", "8"]),
+        Step("triton-tests", 90, "tests/test_triton_kernels.py and tests/test_triton_binned.py compiled for the GPU: "
+             "bits equal to the CPU ops",
+             tests("tests/test_triton_kernels.py", "tests/test_triton_binned.py", parallel=["-n", "8"]),
              env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1"), mps=True),
         Step("layered", 120, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
              "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "6"]),

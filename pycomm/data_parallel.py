@@ -63,6 +63,20 @@ def max_terms():
     return _C.binned_max_terms()
 
 
+def binned_ops(device):
+    """The binned-sum operations (add_to_bins, align_bins, merge_bins, value_of_bins) on
+    ``device``'s tensors: the C++ ones on the CPU, the Triton kernels on CUDA
+    (pycomm.triton_binned, the same bits)."""
+    if device.type != "cuda":
+        return _C
+    try:
+        from . import triton_binned
+    except ImportError as e:
+        raise ValueError(f"pycomm.exact_data_parallel: CUDA parameters need triton ({e}); install it, e.g. "
+                         "pip install 'pycomm[triton]'") from e
+    return triton_binned
+
+
 class ExactDataParallel:
     """The reproducible gradient accumulator of ``module``'s parameters over ``group`` (None: the
     default group); see the module's docstring.
@@ -76,7 +90,9 @@ class ExactDataParallel:
     ``broadcast_parameters``: copy rank 0's parameters and buffers to every rank now, as
     DistributedDataParallel does.
 
-    Parameters must be dense float32, float16 or bfloat16 CPU tensors. Under FSDP2 (see
+    Parameters must be dense float32, float16 or bfloat16 tensors, all on the CPU or all on
+    one CUDA device (there the state's arithmetic runs as Triton kernels, with the CPU's
+    bits; the collectives are the group's, which must take CUDA tensors). Under FSDP2 (see
     the module's docstring) the reduce-scatters run on FSDP's own group, on two or more
     ranks, uncompressed, and parameters are FSDP's to broadcast.
     """
@@ -103,10 +119,14 @@ class ExactDataParallel:
                 m.set_gradient_divide_factor(1.0)  # the comm divides, by the global micro-batch count
             return
         self.params = [p for p in module.parameters() if p.requires_grad]
+        device = self.params[0].device if self.params else torch.device("cpu")
         for p in self.params:
-            if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-                raise ValueError(f"pycomm.exact_data_parallel: a parameter is {p.dtype} on {p.device}; the exact "
-                                 "accumulator takes float32, float16 or bfloat16 parameters on the CPU")
+            if p.device != device or device.type not in ("cpu", "cuda") or \
+                    p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                raise ValueError(f"pycomm.exact_data_parallel: a parameter is {p.dtype} on {p.device}; the "
+                                 "accumulator takes float32, float16 or bfloat16 parameters, all on the CPU or all "
+                                 "on one CUDA device")
+        self._ops = binned_ops(device)
         begins = [0]
         for p in self.params:
             begins.append(begins[-1] + p.numel())
@@ -116,9 +136,9 @@ class ExactDataParallel:
         self._ranks = dist.get_world_size(group)
         self._width = -(-n // self._ranks)
         padded = self._width * self._ranks
-        self._index = torch.full((padded,), _NO_BIN, dtype=torch.int8)  # each micro-batch's first term
-        self._hi = torch.zeros(padded, dtype=torch.float64)              # writes a parameter's state;
-        self._lo = torch.zeros(padded, dtype=torch.float64)              # the padding stays empty
+        self._index = torch.full((padded,), _NO_BIN, dtype=torch.int8, device=device)  # each step's first
+        self._hi = torch.zeros(padded, dtype=torch.float64, device=device)  # term writes a parameter's state;
+        self._lo = torch.zeros(padded, dtype=torch.float64, device=device)  # the padding stays empty
         self._taken = [0] * len(self.params)
         if broadcast_parameters:
             self._broadcast_state()
@@ -142,7 +162,7 @@ class ExactDataParallel:
             grad = param.grad
             if grad.is_sparse:
                 grad = grad.to_dense()
-            _C.add_to_bins(self._index[s], self._hi[s], self._lo[s], grad.contiguous().view(-1),
+            self._ops.add_to_bins(self._index[s], self._hi[s], self._lo[s], grad.contiguous().view(-1),
                            empty=self._taken[k] == 0)
             self._taken[k] += 1
             param.grad = None
@@ -182,7 +202,7 @@ class ExactDataParallel:
                 self._index[s].fill_(_NO_BIN)
                 self._hi[s].zero_()
                 self._lo[s].zero_()
-        count = torch.tensor([float(self.micro_batches)], dtype=torch.float64)
+        count = torch.tensor([float(self.micro_batches)], dtype=torch.float64, device=self._hi.device)
         self._all_reduce(count, dist.ReduceOp.SUM)
         total = int(count.item())
         if self.compression is None:
@@ -193,19 +213,19 @@ class ExactDataParallel:
             # where the bins are 16.
             top = self._index.clone()
             self._all_reduce(top, dist.ReduceOp.MAX)
-            _C.align_bins(self._index, self._hi, self._lo, top)
+            self._ops.align_bins(self._index, self._hi, self._lo, top)
             del top
-            hi, lo = (torch.empty(self._width, dtype=torch.float64) for _ in range(2))
+            hi, lo = (torch.empty_like(self._hi[:self._width]) for _ in range(2))
             _exact_reduce_scatter(hi, self._hi, self.group)
             _exact_reduce_scatter(lo, self._lo, self.group)
-            mine = torch.empty(self._width, dtype=torch.float32)
-            _C.value_of_bins(mine, hi, lo, float(total) if self.average and total else 1.0)
-            values = torch.empty(self._width * self._ranks, dtype=torch.float32)
+            mine = torch.empty(self._width, dtype=torch.float32, device=hi.device)
+            self._ops.value_of_bins(mine, hi, lo, float(total) if self.average and total else 1.0)
+            values = torch.empty(self._width * self._ranks, dtype=torch.float32, device=hi.device)
             _exact_all_gather(values, mine, self.group)
         else:
             n = self._slices[-1].stop if self._slices else 0
-            values = torch.empty(n, dtype=torch.float32)
-            _C.value_of_bins(values, self._hi[:n], self._lo[:n], 1.0)
+            values = torch.empty(n, dtype=torch.float32, device=self._hi.device)
+            self._ops.value_of_bins(values, self._hi[:n], self._lo[:n], 1.0)
             pycomm.all_reduce(values, dist.ReduceOp.SUM, self.group, compression=self.compression,
                               deterministic="exact")
             if self.average and total:
@@ -289,28 +309,29 @@ class _ExactReduceScatter(_FSDPReduceScatter):
         # This micro-batch's state, chunk r (FSDP's layout: rank r's shard) laid out as
         # [hi, lo] so that one reduce-scatter carries both bins.
         chunks = input_tensor.contiguous().view(ranks, width)
-        index = torch.empty((ranks, width), dtype=torch.int8)
-        bins = torch.empty(ranks, 2, width, dtype=torch.float64)
+        ops, device = binned_ops(chunks.device), chunks.device
+        index = torch.empty((ranks, width), dtype=torch.int8, device=device)
+        bins = torch.empty(ranks, 2, width, dtype=torch.float64, device=device)
         for r in range(ranks):
-            _C.add_to_bins(index[r], bins[r, 0], bins[r, 1], chunks[r], empty=True)
+            ops.add_to_bins(index[r], bins[r, 0], bins[r, 1], chunks[r], empty=True)
         top = index.clone()
         _exact_all_reduce(top, dist.ReduceOp.MAX, group)
         for r in range(ranks):
-            _C.align_bins(index[r], bins[r, 0], bins[r, 1], top[r])
-        mine = torch.empty(2, width, dtype=torch.float64)
+            ops.align_bins(index[r], bins[r, 0], bins[r, 1], top[r])
+        mine = torch.empty(2, width, dtype=torch.float64, device=device)
         _exact_reduce_scatter(mine.view(-1), bins.view(-1), group)
         mine_index = top[dist.get_rank(group)].clone()
         del index, bins, top
         if self.shard is None:
             self.shard = (mine_index, mine[0], mine[1])
         else:
-            _C.merge_bins(*self.shard, mine_index, mine[0], mine[1])
+            ops.merge_bins(*self.shard, mine_index, mine[0], mine[1])
         self.terms, self.merged = terms, False
         if not self.owner._finishing:
             output_tensor.zero_()  # FSDP adds it to the shard's gradient: nothing yet
             return None
         divisor = float(terms) if self.owner.average else 1.0
-        _C.value_of_bins(output_tensor.view(-1), self.shard[1], self.shard[2], divisor)
+        ops.value_of_bins(output_tensor.view(-1), self.shard[1], self.shard[2], divisor)
         self.shard, self.terms, self.merged = None, 0, True
         return None
 

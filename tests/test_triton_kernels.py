@@ -7,13 +7,9 @@ hold NaN, infinities, -0.0, subnormals and values at each codec's saturation edg
 fold kernel is also compiled for sm_90 (no GPU needed) to check its PTX for approximate
 division and fused multiply-adds."""
 
-import json
 import os
-import pickle
 import random
 import re
-import subprocess
-import sys
 
 ON_GPU = os.environ.get("PYCOMM_TRITON_ON_GPU") == "1"
 if not ON_GPU:
@@ -36,6 +32,7 @@ from pycomm import _C, hooks, triton_kernels  # noqa: E402
 from pycomm.triton_kernels import Form, Stage  # noqa: E402
 
 from _harness import group_timeout, run_world  # noqa: E402
+from _triton_compile import INEXACT_PTX, Launches, compile_sm90, skip_without_compiler  # noqa: E402
 
 CODECS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 BLOCKS = [16, 32, 64, 128, 256, 512, 1024]
@@ -259,7 +256,6 @@ def test_fused_error_feedback_matches_the_hook(codec):
 
 # What the CPU fold has no counterpart of: approximate division (div.full is within 2 ulp),
 # approximate reciprocals, fused multiply-adds of floats (integer mad.lo is addressing).
-INEXACT_PTX = re.compile(r"\b(?:div\.(?:full|approx)|rcp\.approx|fma\.|mad(?:\.[a-z]+)*\.f(?:16|32|64))[\w.]*")
 # Launches that cover each division, premul conversion, codec and exact path of the fold:
 # dtype, reduction, stage, codec, exact, term forms, world size (1, which Triton would
 # otherwise compile as a constant).
@@ -275,54 +271,11 @@ COMPILED_FOLDS = [
 # World sizes whose layered folds must compile to one kernel (counts that are not
 # multiples of 16, which Triton specializes on, as it does on a count of 1).
 SAME_KERNEL_WORLDS = [9, 67, 130]
-# Compiles the fold kernel for sm_90 in a process of its own (a process that imported
-# Triton to interpret holds interpreted functions of triton.language, which the compiler
-# cannot call): reads launches' (args, kwargs) as a pickle, specializes them as Triton's
-# launcher does, writes their PTX. argv[1]: the sys.path to find pycomm on, as JSON.
-COMPILE_FOLDS = """
-import json, pickle, sys
-sys.path[:] = json.loads(sys.argv[1])
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
-from pycomm.triton_kernels import _fold_kernel as kernel
-
-target = GPUTarget("cuda", 90, 32)
-backend = make_backend(target)
-bind = create_function_from_signature(kernel.signature, kernel.params, backend)
-ptx = []
-for args, kwargs in pickle.load(sys.stdin.buffer):
-    bound, specialization, options = bind(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    ptx.append(triton.compile(source, target=target, options=options.__dict__).asm["ptx"])
-pickle.dump(ptx, sys.stdout.buffer)
-"""
-
-
-class _Launches:
-    """Stands in for a kernel: records the arguments of each launch."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((args, kwargs))
-
-
 def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
     """The fold kernel compiled for sm_90 without a GPU, for the arguments ``fold`` launches
     it with: its PTX divides correctly rounded (div.rn) and fuses no multiply-add."""
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.backends.nvidia.compiler import get_ptxas
-        from triton.compiler import make_backend
-        make_backend(GPUTarget("cuda", 90, 32))
-        get_ptxas(90)
-    except (ImportError, RuntimeError) as e:
-        pytest.skip(f"Triton's CUDA compiler is not available: {e}")
-    launches = _Launches()
+    skip_without_compiler()
+    launches = Launches()
     monkeypatch.setattr(triton_kernels, "_fold_kernel", launches)
     n, block = 100, 64
     for dtype, op, stage, codec, exact, forms, world in COMPILED_FOLDS:
@@ -334,11 +287,7 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
         out = _output(torch.float32, n, "fp8_e4m3", block, Stage.FinalEncoded)
         triton_kernels.fold(out, terms, forms, torch.float32, n, _op("AVG"), world, True, "fp8_e4m3", block,
                             Stage.FinalEncoded)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    child = subprocess.run([sys.executable, "-c", COMPILE_FOLDS, json.dumps(sys.path)], env=env, capture_output=True,
-                           input=pickle.dumps(launches.calls), timeout=300)
-    assert child.returncode == 0, child.stderr.decode()[-6000:]
-    ptxs = pickle.loads(child.stdout)
+    ptxs = compile_sm90("pycomm.triton_kernels:_fold_kernel", launches)
     for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS, ptxs, strict=True):
         assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
         if case in SAME_KERNEL_WORLDS or case[1] == "AVG":
