@@ -28,9 +28,12 @@ DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends defa
 # bench-layered: pycomm's layered path (its direct algorithm over a gloo group, gloo moving
 # the bytes) against gloo's own all-reduce, uncompressed, exact and fp8, in blocking mode.
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
+# bench-peers: pycomm's direct API (the subject) against torch.distributed on it,
+# DeepSpeed's shared-memory all-reduce, Open MPI and Gloo.
+PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo
 PYTEST_ARGS ?=
 
-.PHONY: all build test layer-check bench bench-mpi bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: all build test layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -156,8 +159,9 @@ bench: build
 	$(PY) -m pycomm.bench $(BENCH_ARGS) --out bench/out/throughput
 	$(PY) -m pycomm.bench $(LATENCY_ARGS) --out bench/out/latency
 
-$(BENCH_DEPS_STAMP): requirements-bench.txt | $(DEPS_STAMP)
+$(BENCH_DEPS_STAMP): requirements-bench.txt requirements-deepspeed.txt | $(DEPS_STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-deepspeed.txt
 	touch $@
 
 # Open MPI's mpirun: installed from Debian when missing and we are root with apt-get.
@@ -180,6 +184,15 @@ bench-mpi: build openmpi $(BENCH_DEPS_STAMP)
 	@mkdir -p $(RESULTS); for np in 2 4; do for mode in b2b blocking; do \
 	  out=$(RESULTS)/cpu-allreduce-mpi-np$$np-$$mode; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(MPI_BENCH_ARGS) --json $$out.json) || exit 1; \
+	done; done
+
+# pycomm against the CPU peers users would pick instead, in the same processes: its direct
+# API, the same through torch.distributed, DeepSpeed's shared-memory all-reduce, Open MPI
+# and Gloo; 2 and 4 ranks, blocking and back to back: $(RESULTS)/cpu-peers-np<N>-<mode>.{txt,json}.
+bench-peers: build openmpi $(BENCH_DEPS_STAMP)
+	@mkdir -p $(RESULTS); for np in 2 4; do for mode in blocking b2b; do \
+	  out=$(RESULTS)/cpu-peers-np$$np-$$mode; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(PEERS_BENCH_ARGS) --json $$out.json) || exit 1; \
 	done; done
 
 # Every pycomm all-reduce algorithm against the automatic choice, 2 and 4 ranks:

@@ -162,6 +162,9 @@ def test_torchrun_launcher_and_compression_error(tmp_path):
      "l repeated"),
     (["--collective", "broadcast", "--backends", "gloo,l=pycomm-over:gloo"],
      "runs through pycomm's direct API, which has no broadcast"),
+    (["--collective", "reduce_scatter", "--backends", "pycomm,deepspeed"], "deepspeed has only all_reduce"),
+    (["--op", "max", "--backends", "pycomm,deepspeed"], "deepspeed reduces by sum only, not max"),
+    (["-d", "int32", "--backends", "pycomm,deepspeed"], "deepspeed has no int32"),
 ])
 def test_bad_flags_exit_64(args, message, capsys):
     assert bench_main(args) == 64

@@ -35,6 +35,14 @@ duplicate of MPI_COMM_WORLD), so its ranks must be started by mpirun
 (``--launcher mpirun``, chosen automatically). ``nccl`` needs CUDA devices; each rank uses
 ``cuda:<local rank % device count>``.
 
+``deepspeed`` is DeepSpeed's shared-memory all-reduce on its CPU accelerator
+(``deepspeed.comm.inference_all_reduce``; requirements-bench.txt installs DeepSpeed, whose
+op is built on first use): all-reduce SUM of float32, bfloat16 and float16, in place, all
+ranks on one host, blocking. DeepSpeed falls back to ``dist.all_reduce`` without a word
+where its op cannot run (ranks on several hosts, a CPU without AVX2, or AVX-512BW for
+16-bit data); the bench refuses to start then, so that a row named deepspeed is always
+its shared-memory path.
+
 Adding a backend is one :class:`BackendKind` row; :func:`unsupported` tells, before
 anything starts, which (collective, placement, dtype) a row cannot run.
 """
@@ -81,6 +89,8 @@ class BackendKind:
     # Kinds it runs over (spec ``kind:MOVER``, required): the group and device are the
     # mover's, every call goes through ``direct``. (): a backend of its own.
     movers: Tuple[str, ...] = ()
+    calls: Optional[Tuple[str, ...]] = None   # the torch.distributed functions it has (None: all)
+    ops: Optional[Tuple[str, ...]] = None     # the reductions it has (None: all)
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
@@ -96,6 +106,8 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     # mover's device (device_of), hence no device of its own.
     BackendKind("pycomm-over", "", module="pycomm", options=tuple(PYCOMM_OPTIONS),
                 direct=PYCOMM_DIRECT, movers=("gloo", "nccl")),
+    BackendKind("deepspeed", "cpu", module="deepspeed", dtypes=("float32", "bfloat16", "float16"),
+                calls=("all_reduce",), ops=("sum",)),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"
@@ -164,10 +176,14 @@ def device_of(spec: BackendSpec) -> str:
     return BACKENDS[spec.mover or spec.kind].device
 
 
-def unsupported(spec: BackendSpec, call: str, in_place: bool, dtype: str) -> Optional[str]:
+def unsupported(spec: BackendSpec, call: str, in_place: bool, dtype: str, op: Optional[str] = None) -> Optional[str]:
     """Why ``spec`` cannot run the torch.distributed function ``call`` (in place or not) on
-    ``dtype``, or None when it can."""
+    ``dtype`` with the reduction ``op``, or None when it can."""
     kind = BACKENDS[spec.kind]
+    if kind.calls is not None and call not in kind.calls:
+        return "%s has only %s: drop %s" % (spec.kind, ", ".join(kind.calls), call)
+    if kind.ops is not None and op not in (None, "none") and op not in kind.ops:
+        return "%s reduces by %s only, not %s" % (spec.kind, ", ".join(kind.ops), op)
     if kind.movers and call not in kind.direct:
         return ("%s runs through pycomm's direct API, which has no %s (it has %s): drop that "
                 "collective" % (spec.describe(), call, ", ".join(kind.direct.values())))
@@ -285,6 +301,60 @@ class MpiComm:
         self.comm.Free()
 
 
+class _Done:
+    """The Work of a call that finished before it returned."""
+
+    def wait(self):
+        return True
+
+
+class DeepSpeedComm:
+    """DeepSpeed's shared-memory all-reduce (``deepspeed.comm.inference_all_reduce``) with
+    the calling convention of :class:`Comm`: in place, SUM, finished when it returns. Its
+    op names its shared memory after MASTER_ADDR and MASTER_PORT and runs only where
+    LOCAL_SIZE equals the world size: both are set here (the port a number rank 0 draws,
+    so that runs side by side do not meet), and the op's own check is repeated, so that a
+    row named deepspeed is never its silent fallback to ``dist.all_reduce``."""
+
+    def __init__(self, spec: BackendSpec, world: int):
+        import os
+        import random
+
+        import torch
+        import torch.distributed as dist
+
+        self.spec, self.label, self.device = spec, spec.label, "cpu"
+        token = [random.randrange(20000, 60000)]
+        dist.broadcast_object_list(token, src=0)
+        os.environ.update(DS_ACCELERATOR="cpu", LOCAL_SIZE=str(world), MASTER_PORT=str(token[0]),
+                          MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        import deepspeed
+        import deepspeed.comm
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        backend = deepspeed.comm.comm.cdb
+        level = getattr(backend, "shm_vector_kernel_level", 0)
+        if getattr(backend, "shm_comm_op", None) is None or level < 1:
+            raise RuntimeError("deepspeed's shared-memory all-reduce cannot run here (its op did not build, or this "
+                               "CPU lacks AVX2): it would fall back to dist.all_reduce")
+        self.sixteen_bit = level >= 2
+        self.all_reduce = deepspeed.comm.inference_all_reduce
+        self.torch = torch
+
+    def call(self, name: str, tensor, async_op: bool = True, op=None):
+        if tensor.dtype != self.torch.float32 and not self.sixteen_bit:
+            raise RuntimeError("deepspeed's shared-memory all-reduce of 16-bit data needs AVX-512BW: it would fall "
+                               "back to dist.all_reduce")
+        self.all_reduce(tensor)
+        return _Done() if async_op else None
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
     """Create the group for ``spec`` (collective over all ranks: every rank must call this
     for the same specs in the same order). Runs inside a rank."""
@@ -299,6 +369,8 @@ def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
     if device == "cuda":
         device = "cuda:%d" % (local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    if kind.name == "deepspeed":
+        return DeepSpeedComm(spec, world)
     if kind.name == "mpi":
         comm = MpiComm(spec, device)
         if comm.comm.Get_size() != world:

@@ -129,7 +129,7 @@ def config_from_args(args, argv) -> Config:
     launcher = choose_launcher(args.launcher, backends)
     nranks = world_size(args.np, launcher)
     placements = PLACEMENTS[args.inplace]
-    check_supported(backends, collectives, placements, dtypes)
+    check_supported(backends, collectives, placements, dtypes, ops)
     out = args.out
     if out and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--out draws plots with matplotlib: pip install -r requirements.txt")
@@ -160,8 +160,8 @@ def world_size(np_flag, launcher: str) -> int:
     return nranks
 
 
-def check_supported(backends, collectives, placements, dtypes) -> None:
-    """ValueError naming the first (collective, placement, backend, dtype) that cannot run."""
+def check_supported(backends, collectives, placements, dtypes, ops=("sum",)) -> None:
+    """ValueError naming the first (collective, placement, backend, dtype, op) that cannot run."""
     for name in collectives:
         coll = COLLECTIVES[name]
         forms = [p for p in placements if p in coll.placements]
@@ -172,9 +172,10 @@ def check_supported(backends, collectives, placements, dtypes) -> None:
         for spec in backends:
             for in_place in forms:
                 for dtype in dtypes:
-                    why = unsupported(spec, coll.call, in_place, dtype)
-                    if why:
-                        raise ValueError("%s: %s" % (name, why))
+                    for op in (ops if coll.takes_op else [None]):
+                        why = unsupported(spec, coll.call, in_place, dtype, op)
+                        if why:
+                            raise ValueError("%s: %s" % (name, why))
 
 
 def choose_launcher(choice: str, backends) -> str:
