@@ -139,12 +139,13 @@ def test_recovery_after_a_lost_rank_keeps_the_bits_of_the_uninterrupted_run(tmp_
     clock = str(tmp_path / "killed-at")
     one = run_world(recovery_world, 1, args=(None, clock), timeout=120)[0][0]
     four = run_world(recovery_world, WS, args=(None, clock), timeout=120)
-    # The group's operations: a broadcast per parameter (the accumulator's start), then two
-    # all-reduces per step (the bins' MAX, then their SUM). Rank GONE dies before its first
-    # frame of step KILLED_AT's SUM, the MAX of that step done.
+    # The group's operations: a broadcast per parameter (the accumulator's start), then five
+    # per step (the counts' all-reduce, the indices' MAX all-reduce, the two bins'
+    # reduce-scatters, the values' all-gather). Rank GONE dies before its first frame of
+    # step KILLED_AT's MAX, the counts of that step added.
     from test_exact_data_parallel import _model
 
-    seq = len(list(_model("mlp").parameters())) + 2 * KILLED_AT + 2
+    seq = len(list(_model("mlp").parameters())) + 5 * KILLED_AT + 2
     recovered = run_world(recovery_world, WS, args=(KILLED_AT, clock), expect_killed=(GONE,), timeout=120,
                           pg_timeout=30, env={"PYCOMM_FAULT": f"{GONE}:allreduce:{seq}:during:kill"})
     assert all(digests == one for digests, _ in four), "4 ranks differ from 1"
