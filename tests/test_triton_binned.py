@@ -6,19 +6,13 @@ NaN and infinities), aligning, merging, the value in every output type and throu
 divisors; their PTX for sm_90 (compiled without a GPU); and exact_data_parallel running on
 them at 2 ranks, the CPU ops' bits."""
 
-import os
-
-ON_GPU = os.environ.get("PYCOMM_TRITON_ON_GPU") == "1"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-DEVICE = "cuda" if ON_GPU else "cpu"
+from _triton_env import DEVICE, NUMPY_WARNINGS, ON_GPU  # first: before Triton is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+pytestmark = NUMPY_WARNINGS
 
 from pycomm import _C, triton_binned  # noqa: E402
 

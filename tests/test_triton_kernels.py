@@ -7,26 +7,17 @@ hold NaN, infinities, -0.0, subnormals and values at each codec's saturation edg
 fold kernel is also compiled for sm_90 (no GPU needed) to check its PTX for approximate
 division and fused multiply-adds."""
 
-import os
 import random
 import re
 
-ON_GPU = os.environ.get("PYCOMM_TRITON_ON_GPU") == "1"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-# Where the Triton side's operands live: the interpreter reads host memory.
-DEVICE = "cuda" if ON_GPU else "cpu"
+from _triton_env import DEVICE, NUMPY_WARNINGS, ON_GPU  # first: before Triton is imported
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 triton = pytest.importorskip("triton")
-# The interpreter computes in numpy, which warns where a float32 product overflows to
-# infinity (values past a codec's range) or an operation makes a NaN (inf - inf of the
-# special inputs), as the kernels mean it to.
-pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+pytestmark = NUMPY_WARNINGS
 
 from pycomm import _C, hooks, triton_kernels  # noqa: E402
 from pycomm.triton_kernels import Form, Stage  # noqa: E402
