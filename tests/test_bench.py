@@ -171,6 +171,16 @@ def test_bad_flags_exit_64(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_missing_peer_module_says_how_to_install_it(capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "deepspeed" else find_spec(name, *a))
+    assert bench_main(["--backends", "pycomm,deepspeed"]) == 64
+    assert "pip install --no-deps -r requirements-deepspeed.txt" in capsys.readouterr().err
+
+
 def test_nccl_needs_cuda(capsys):
     import torch
 

@@ -91,6 +91,7 @@ class BackendKind:
     movers: Tuple[str, ...] = ()
     calls: Optional[Tuple[str, ...]] = None   # the torch.distributed functions it has (None: all)
     ops: Optional[Tuple[str, ...]] = None     # the reductions it has (None: all)
+    install: str = "pip install -r requirements-bench.txt"  # how to get its module
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
@@ -107,7 +108,8 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("pycomm-over", "", module="pycomm", options=tuple(PYCOMM_OPTIONS),
                 direct=PYCOMM_DIRECT, movers=("gloo", "nccl")),
     BackendKind("deepspeed", "cpu", module="deepspeed", dtypes=("float32", "bfloat16", "float16"),
-                calls=("all_reduce",), ops=("sum",)),
+                calls=("all_reduce",), ops=("sum",),
+                install="pip install --no-deps -r requirements-deepspeed.txt, as make bench-peers does"),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"

@@ -126,10 +126,10 @@ def config_from_args(args, argv) -> Config:
     if args.baseline is not None and args.baseline not in labels:
         raise ValueError("--baseline %s is not a backend of this run (have: %s)"
                          % (args.baseline, ", ".join(labels)))
-    launcher = choose_launcher(args.launcher, backends)
-    nranks = world_size(args.np, launcher)
     placements = PLACEMENTS[args.inplace]
     check_supported(backends, collectives, placements, dtypes, ops)
+    launcher = choose_launcher(args.launcher, backends)
+    nranks = world_size(args.np, launcher)
     out = args.out
     if out and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--out draws plots with matplotlib: pip install -r requirements.txt")
@@ -204,8 +204,7 @@ def choose_launcher(choice: str, backends) -> str:
     for b in backends:
         module = BACKENDS[b.kind].module
         if module and importlib.util.find_spec(module) is None:
-            raise ValueError("backend %s needs the Python module %s (pip install -r "
-                             "requirements-bench.txt)" % (b.kind, module))
+            raise ValueError("backend %s needs the Python module %s (%s)" % (b.kind, module, BACKENDS[b.kind].install))
         if device_of(b) == "cuda":
             import torch
 
