@@ -14,13 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _C
-from .triton_kernels import _bf16_bits, _half_bits
+from .triton_kernels import _ROUND_TO_INTEGER, _TILE, _bf16_bits, _half_bits
 
-_TILE = 1024
-_NO_BIN = -128
 _OUT_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-_ROUND_TO_INTEGER = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52
 
 
 @triton.jit
@@ -68,8 +64,8 @@ def _add(index, hi, lo, x):
 
 
 @triton.jit
-def _add_kernel(index, hi, lo, terms, n, EMPTY: tl.constexpr, IN_KIND: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * 1024 + tl.arange(0, 1024)
+def _add_kernel(index, hi, lo, terms, n, EMPTY: tl.constexpr, IN_KIND: tl.constexpr, TILE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     mask = offs < n
     if IN_KIND == 1:
         x = tl.load(terms.to(tl.pointer_type(tl.float16), bitcast=True) + offs, mask=mask, other=0).to(tl.float32)
@@ -93,10 +89,10 @@ def _add_kernel(index, hi, lo, terms, n, EMPTY: tl.constexpr, IN_KIND: tl.conste
 
 
 @triton.jit
-def _merge_kernel(index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY: tl.constexpr):
+def _merge_kernel(index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY: tl.constexpr, TILE: tl.constexpr):
     """ALIGN_ONLY: the state aligned to other_index (align_bins); else the other state
     added (merge_bins)."""
-    offs = tl.program_id(0).to(tl.int64) * 1024 + tl.arange(0, 1024)
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     mask = offs < n
     i = tl.load(index + offs, mask=mask, other=-128).to(tl.int32)
     j = tl.load(other_index + offs, mask=mask, other=-128).to(tl.int32)
@@ -113,10 +109,10 @@ def _merge_kernel(index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY:
 
 
 @triton.jit
-def _value_kernel(out, hi, lo, n, divisor_bits: tl.int64, OUT_KIND: tl.constexpr):
+def _value_kernel(out, hi, lo, n, divisor_bits: tl.int64, OUT_KIND: tl.constexpr, TILE: tl.constexpr):
     """numerics.h binned_value (hi + lo rounded to odd) / divisor, rounded once to float32,
     then to the output's type; NaN the positive quiet NaN."""
-    offs = tl.program_id(0).to(tl.int64) * 1024 + tl.arange(0, 1024)
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     mask = offs < n
     h = tl.load(hi + offs, mask=mask, other=0)
     l = tl.load(lo + offs, mask=mask, other=0)
@@ -164,14 +160,16 @@ def add_to_bins(index, hi, lo, terms, empty=False):
     n = _check_state(index, hi, lo, terms)
     kind = _gradient_kind(terms)
     if n:
-        _add_kernel[_grid(n)](index, hi, lo, terms, n, EMPTY=bool(empty), IN_KIND=kind, enable_fp_fusion=False)
+        _add_kernel[_grid(n)](index, hi, lo, terms, n, EMPTY=bool(empty), IN_KIND=kind, TILE=_TILE,
+                                enable_fp_fusion=False)
 
 
 def align_bins(index, hi, lo, to):
     """``_C.align_bins`` on the state's device (``to`` at least the state's indices)."""
     n = _check_state(index, hi, lo, to)
     if n:
-        _merge_kernel[_grid(n)](index, hi, lo, to, hi, lo, n, ALIGN_ONLY=True, enable_fp_fusion=False)
+        _merge_kernel[_grid(n)](index, hi, lo, to, hi, lo, n, ALIGN_ONLY=True, TILE=_TILE,
+                                enable_fp_fusion=False)
 
 
 def merge_bins(index, hi, lo, other_index, other_hi, other_lo):
@@ -179,7 +177,7 @@ def merge_bins(index, hi, lo, other_index, other_hi, other_lo):
     n = _check_state(index, hi, lo)
     _check_state(other_index, other_hi, other_lo, index)
     if n:
-        _merge_kernel[_grid(n)](index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY=False,
+        _merge_kernel[_grid(n)](index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY=False, TILE=_TILE,
                                 enable_fp_fusion=False)
 
 
@@ -193,8 +191,4 @@ def value_of_bins(out, hi, lo, divisor):
     kind = _gradient_kind(out)
     if n:
         _value_kernel[_grid(n)](out, hi, lo, n, struct.unpack("<q", struct.pack("<d", float(divisor)))[0],
-                                OUT_KIND=kind, enable_fp_fusion=False)
-
-
-def binned_max_terms():
-    return _C.binned_max_terms()
+                                OUT_KIND=kind, TILE=_TILE, enable_fp_fusion=False)
