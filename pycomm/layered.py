@@ -353,12 +353,8 @@ class _Call:
         self.rank, self.size = self.record.rank, self.record.size
         if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \
                 and _C.reduction(op, like.dtype)[0] in ("sum", "avg", "premul_sum"):
-            why = (f"exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels take at most "
-                   f"{self.terms_per_fold}, and this group has {self.size} ranks")
-            if PARTIAL_DTYPES.get(like.dtype, like.dtype) != torch.float32:
-                raise ValueError(f"pycomm: {why}; the Triton kernel, which folds any number, has no exact mode for "
-                                 f"{like.dtype} (it adds in 128-bit integers)")
-            self.kernel = _triton_fold(why)
+            self.kernel = _triton_fold(f"exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels take "
+                                       f"at most {self.terms_per_fold}, and this group has {self.size} ranks")
             self.terms_per_fold = None
         self.algorithm = f"layered over {self.record.mover}"  # until planned (see begin)
         self.collective, self.seq = collective, next(self.record.seq)

@@ -17,14 +17,14 @@ Exactness rules, which make the interpreter, the GPU and the CPU compute the sam
   div.full.f32, within 2 ulp); ``/`` in float64 (div.rn.f64).
 * The same accumulation order: terms are folded left in the order given, in float32 for
   16-bit data (float64 for float64 data, the type itself for integers); exact mode adds
-  grid steps, integers held exactly in float64, in any order, as the CPU does.
+  grid steps, integers held exactly (in float64, or two 64-bit words for float64 data),
+  in any order, as the CPU does.
 * Float32 arithmetic keeps subnormals (Triton does not flush float32 adds and multiplies).
 
 One kernel, :func:`_fold_kernel`, specialized per reduction, stage, codec, mode and the
 forms of its runs of terms (not their number: any world size takes the same kernel),
 serves every call: a program folds one tile (a codec block, or 1024 elements) of every
-term. Exact mode for float64 data (128-bit integer sums on the CPU) has no Triton
-kernel: it raises.
+term. Exact mode's 128-bit integer sums of float64 data are kept as two 64-bit words.
 """
 from __future__ import annotations
 
@@ -305,18 +305,58 @@ def _run_term(runs, strides, R: tl.constexpr, j):
 
 
 @triton.jit
+def _magnitude_of(v, ACC: tl.constexpr):
+    """|v|'s bits as a signed integer of v's width (numerics.h magnitude_bits): orders
+    magnitudes, every non-finite value above every finite one."""
+    if ACC == tl.float64:
+        return v.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
+    else:
+        return _magnitude(v)
+
+
+@triton.jit
+def _largest_magnitude(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, blocks, offs, mask, n, premul,
+                       ACC: tl.constexpr, STORAGE: tl.constexpr, KIND: tl.constexpr, CODEC: tl.constexpr,
+                       QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+    """Each element's largest magnitude over every term (_magnitude_of), which alone
+    decides its grid in exact mode."""
+    amax = tl.zeros([ROWS, BLOCK], tl.int64 if ACC == tl.float64 else tl.int32)
+    for r in tl.static_range(RUNS):
+        for j in range(counts[r]):
+            v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, ACC, STORAGE, KIND,
+                           CODEC, QUANTIZE, BLOCK, CODE_BYTES)
+            amax = tl.maximum(amax, _magnitude_of(v, ACC))
+    return amax
+
+
+@triton.jit
+def _nonfinite_kind(v, ACC: tl.constexpr):
+    """numerics.h nonfinite_kind of a term, 0 for a finite one: bit 0 NaN, 1 +Inf, 2 -Inf."""
+    INF: tl.constexpr = 0x7FF0000000000000 if ACC == tl.float64 else 0x7F800000
+    return tl.where(v != v, 1, tl.where(_magnitude_of(v, ACC) == INF, tl.where(v > 0, 2, 4), 0))
+
+
+@triton.jit
+def _nonfinite_sum(seen, ACC: tl.constexpr):
+    """numerics.h exact_nonfinite: NaN if a term is NaN or both infinities occur, else
+    the infinity that occurs."""
+    nan = ((seen & 1) != 0) | ((seen & 6) == 6)
+    if ACC == tl.float64:
+        bits = tl.where(nan, 0x7FF8000000000000, tl.where((seen & 2) != 0, 0x7FF0000000000000, -0x10000000000000))
+        return bits.to(tl.int64).to(tl.float64, bitcast=True)
+    else:
+        return _f32(tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32))
+
+
+@triton.jit
 def _exact_sum(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, blocks, offs, mask, n, premul,
                STORAGE: tl.constexpr, KIND: tl.constexpr, CODEC: tl.constexpr, QUANTIZE: tl.constexpr,
                ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """numerics.h exact mode for float accumulation: each element's terms on the grid
     2^(E - 36) of its largest magnitude, the grid steps (integers exact in float64) added,
     the sum rounded once; NaN or the infinity where a term is not finite."""
-    amax = tl.zeros([ROWS, BLOCK], tl.int32)
-    for r in tl.static_range(RUNS):
-        for j in range(counts[r]):
-            v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float32,
-                           STORAGE, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
-            amax = tl.maximum(amax, _magnitude(v))
+    amax = _largest_magnitude(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, tl.float32, STORAGE,
+                              KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
     e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
     up = ((1023 + 36 - e) << 52).to(tl.float64, bitcast=True)
     down = ((1023 - 36 + e) << 52).to(tl.float64, bitcast=True)
@@ -327,10 +367,71 @@ def _exact_sum(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, b
             v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float32,
                            STORAGE, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
             total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
-            seen |= tl.where(v != v, 1, tl.where(_magnitude(v) == 0x7F800000, tl.where(v > 0, 2, 4), 0))
-    nan = ((seen & 1) != 0) | ((seen & 6) == 6)
-    nonfinite = tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32)
-    return tl.where(amax >= 0x7F800000, _f32(nonfinite), (total * down).to(tl.float32))
+            seen |= _nonfinite_kind(v, tl.float32)
+    return tl.where(amax >= 0x7F800000, _nonfinite_sum(seen, tl.float32), (total * down).to(tl.float32))
+
+
+@triton.jit
+def _scaled(v, s):
+    """v * 2^s (|s| <= 1132) as two representable powers of two: ldexp's bits wherever the
+    first product is exact (any v scaled up, an integer v >= 1 scaled down). A term scaled
+    down below 2^-1022 by it may round twice, but is then rounded to the integer 0 anyway."""
+    first = s >> 1
+    return v * ((1023 + first) << 52).to(tl.float64, bitcast=True) * ((1023 + s - first) << 52).to(
+        tl.float64, bitcast=True)
+
+
+@triton.jit
+def _bit_length(x):
+    """The number of bits of x (uint64), by halving."""
+    length = tl.zeros(x.shape, tl.int64)
+    for i in tl.static_range(6):
+        wide = (x >> (32 >> i)) != 0
+        length += tl.where(wide, 32 >> i, 0)
+        x = tl.where(wide, x >> (32 >> i), x)
+    return length + (x != 0).to(tl.int64)
+
+
+@triton.jit
+def _exact_sum64(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, blocks, offs, mask, n, premul,
+                 KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """numerics.h exact mode for float64: each element's terms on the grid 2^(E - 110),
+    the grid steps added as 128-bit integers (a signed high and an unsigned low word, with
+    the carry), the sum rounded once to float64 (the low word's lost bits kept sticky) and
+    scaled as ldexp scales it; NaN or the infinity where a term is not finite."""
+    amax = _largest_magnitude(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, tl.float64, 0, KIND,
+                              0, False, ROWS, BLOCK, 1)
+    exponent = tl.maximum(amax >> 52, 1) - 1022
+    high = tl.zeros([ROWS, BLOCK], tl.int64)
+    low = tl.zeros([ROWS, BLOCK], tl.uint64)
+    seen = tl.zeros([ROWS, BLOCK], tl.int32)
+    for r in tl.static_range(RUNS):
+        for j in range(counts[r]):
+            v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float64, 0,
+                           KIND, 0, False, BLOCK, 1)
+            kind = _nonfinite_kind(v, tl.float64)
+            seen |= kind
+            q = _scaled(tl.where(kind == 0, v, 0.0), 110 - exponent)  # |q| < 2^110
+            q = tl.where(tl.abs(q) < 4503599627370496.0, (q + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER, q)
+            # |q| as two words: its bits below 2^64 are some of its 53 (exact), then negated.
+            q_high = tl.floor(tl.abs(q) * 5.421010862427522e-20)  # |q| / 2^64, rounded down: exact
+            q_low = (tl.abs(q) - q_high * 18446744073709551616.0).to(tl.uint64)
+            q_high = q_high.to(tl.int64)
+            q_low, q_high = tl.where(q < 0, ~q_low + 1, q_low), tl.where(q < 0, -q_high - (q_low != 0), q_high)
+            low += q_low
+            high += q_high + (low < q_low).to(tl.int64)
+    negative = high < 0
+    mag_low = tl.where(negative, ~low + 1, low)
+    mag_high = tl.where(negative, (~high).to(tl.uint64, bitcast=True) + (mag_low == 0).to(tl.uint64),
+                        high.to(tl.uint64, bitcast=True))
+    # Above 64 bits: the top 64 bits, the bits shifted out ORed into the last (sticky, far
+    # below float64's rounding bit), so that one conversion rounds as the 128-bit one does.
+    shift = tl.maximum(_bit_length(mag_high), 1)
+    top = (mag_high << (64 - shift).to(tl.uint64)) | (mag_low >> shift.to(tl.uint64))
+    sticky = ((mag_low & ((tl.full(shift.shape, 1, tl.uint64) << shift.to(tl.uint64)) - 1)) != 0).to(tl.uint64)
+    magnitude = tl.where(mag_high == 0, mag_low.to(tl.float64), _scaled((top | sticky).to(tl.float64), shift))
+    total = _scaled(tl.where(negative, -magnitude, magnitude), exponent - 110)
+    return tl.where(amax >= 0x7FF0000000000000, _nonfinite_sum(seen, tl.float64), total)
 
 
 @triton.jit
@@ -373,7 +474,9 @@ def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_siz
     mask = offs < n
     # The interpreter types an integer argument by its value: 0.0's bits arrive as int32.
     premul = premul_bits.to(tl.int64).to(tl.float64, bitcast=True)
-    if EXACT:
+    if EXACT and ACC == tl.float64:
+        acc = _exact_sum64(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, KIND, ROWS, BLOCK)
+    elif EXACT:
         acc = _exact_sum(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, OUT_KIND, KIND, CODEC,
                          QUANTIZE, ROWS, BLOCK, CODE_BYTES)
     else:
@@ -460,9 +563,6 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     acc = PARTIAL_DTYPES.get(dtype, dtype)
     coded = codec != "none"
     exact = bool(exact) and kind in ("sum", "avg", "premul_sum") and dtype.is_floating_point
-    if exact and acc != torch.float32:
-        raise ValueError("pycomm: exact mode of float64 data has no Triton kernel (it adds in 128-bit integers); "
-                         "it needs pycomm's CUDA build, or CPU tensors")
     if coded and acc != torch.float32:
         raise ValueError(f"pycomm: codecs apply to float32, float16 and bfloat16 data, not {dtype}")
     if coded:

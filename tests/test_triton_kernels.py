@@ -190,7 +190,8 @@ def test_fold_of_many_ranks_matches_cpu(world):
     three runs whatever the world size, every mode and codec bit-equal to the CPU ops."""
     cases = [(torch.float32, "none", False, "SUM"), (torch.bfloat16, "none", True, "AVG"),
              (torch.float32, "fp8_e4m3", True, "AVG"), (torch.float16, "fp16", False, "SUM"),
-             (torch.float32, "bf16", True, "PREMUL_SUM"), (torch.float32, "fp8_e5m2", False, "MAX")]
+             (torch.float32, "bf16", True, "PREMUL_SUM"), (torch.float32, "fp8_e5m2", False, "MAX"),
+             (torch.float64, "none", True, "AVG")]
     for i, (dtype, codec, exact, op) in enumerate(cases):
         block, n = 64, 2 * 64 + 3
         rank = [0, world // 2, world - 1][i % 3]
@@ -222,11 +223,36 @@ def test_uncoded_fold_of_other_types_matches_cpu(dtype):
             cpu, tri = _both(_output(dtype, n, "fp16", 16, stage), terms, [Form.Input] * k, dtype, n, _op(op), k,
                              False, "none", 256, stage)
             assert _equal(cpu, tri), (op, stage)
-    if dtype == torch.float64:
-        with pytest.raises(ValueError, match="exact mode of float64"):
-            triton_kernels.fold(torch.empty(4, dtype=dtype, device=DEVICE), [torch.ones(4, dtype=dtype, device=DEVICE)],
-                                [Form.Input], dtype, 4,
-                                dist.ReduceOp.SUM, 1, True, "none", 256, Stage.Final)
+
+
+def _wide_float64(n, seed):
+    """float64 values over the whole exponent range, subnormals included."""
+    g = torch.Generator().manual_seed(seed)
+    exponents = torch.randint(-1074, 1000, (n,), generator=g).double()
+    return torch.randn(n, generator=g, dtype=torch.float64) * 2.0 ** (exponents / 2) * 2.0 ** (exponents / 2)
+
+
+def test_exact_fold_of_float64_matches_cpu():
+    """Exact mode's 128-bit sums of float64, in two 64-bit words: terms over the whole
+    exponent range, cancelling pairs (the remainder far below the largest term), sums
+    that round at a tie or overflow, NaN and infinities; every reduction it applies to."""
+    n = 1500
+    cases = []
+    for seed in range(4):
+        terms = [_wide_float64(n, 10 * seed + j) for j in range(1 + 2 * seed)]
+        cases.append(terms + [-terms[0], terms[0] * 2.0 ** -70])
+    one, tiny = torch.ones(n, dtype=torch.float64), torch.full((n,), 2.0 ** -53, dtype=torch.float64)
+    cases.append([one, tiny, tiny * 2.0 ** -60, -one * 2.0 ** 60, one * 2.0 ** 60])  # ties, sticky bits
+    cases.append([torch.full((n,), 1.5e308, dtype=torch.float64)] * 3 + [_wide_float64(n, 99)])  # overflow
+    specials = _wide_float64(n, 7)
+    specials[::13], specials[5::17], specials[3::29] = float("inf"), float("-inf"), float("nan")
+    cases.append([_wide_float64(n, 8), specials, -specials.flip(0)])
+    for i, terms in enumerate(cases):
+        for op in ("SUM", "AVG", "PREMUL_SUM"):
+            for stage in (Stage.Final, Stage.Partial):
+                cpu, tri = _both(torch.zeros(n, dtype=torch.float64), terms, [Form.Input] * len(terms), torch.float64,
+                                 n, _op(op), len(terms), True, "none", 256, stage)
+                assert _equal(cpu, tri), (i, op, stage, (cpu.view(torch.int64) != tri.view(torch.int64)).sum())
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -258,6 +284,7 @@ COMPILED_FOLDS = [
     (torch.float16, "AVG", Stage.Final, "bf16", False, [Form.Encoded, Form.Input], 1),
     (torch.float64, "AVG", Stage.Final, "none", False, [Form.Input, Form.Input], 3),
     (torch.float64, "PREMUL_SUM", Stage.Partial, "none", False, [Form.Input, Form.Input], 3),
+    (torch.float64, "AVG", Stage.Final, "none", True, [Form.Input, Form.Partial], 5),
 ]
 # World sizes whose layered folds must compile to one kernel (counts that are not
 # multiples of 16, which Triton specializes on, as it does on a count of 1).
