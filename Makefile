@@ -29,8 +29,9 @@ DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends defa
 # the bytes) against gloo's own all-reduce, uncompressed, exact and fp8, in blocking mode.
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
 # bench-peers: pycomm's direct API (the subject) against torch.distributed on it,
-# DeepSpeed's shared-memory all-reduce, Open MPI and Gloo.
-PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo
+# DeepSpeed's shared-memory all-reduce, Open MPI, Gloo, and a single-threaded copy of the
+# same bytes (the memory's yardstick).
+PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo,copy
 PYTEST_ARGS ?=
 
 .PHONY: all build test layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
@@ -192,8 +193,10 @@ bench-mpi: build openmpi $(BENCH_DEPS_STAMP)
 bench-peers: build openmpi $(BENCH_DEPS_STAMP)
 	@mkdir -p $(RESULTS); for np in 2 4; do for mode in blocking b2b; do \
 	  out=$(RESULTS)/cpu-peers-np$$np-$$mode; rm -f $$out.txt; \
-	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(PEERS_BENCH_ARGS) --json $$out.json) || exit 1; \
-	done; done
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(PEERS_BENCH_ARGS) --json $$out.json \
+	    --markdown $$out.md) || exit 1; \
+	done; cat $(RESULTS)/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu-peers-np$$np-b2b.md > $(RESULTS)/cpu-peers-np$$np.md; \
+	rm $(RESULTS)/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu-peers-np$$np-b2b.md; done
 
 # Every pycomm all-reduce algorithm against the automatic choice, 2 and 4 ranks:
 # $(RESULTS)/cpu-allreduce-algos-np<N>.{txt,json,png}; the .txt ends with the best per size.

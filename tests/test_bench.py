@@ -247,6 +247,22 @@ def test_layered_rows_against_gloo_and_native(tmp_path):
         assert rows["l8", coll]["hash"] == rows["n8", coll]["hash"]
 
 
+def test_copy_row_is_the_memory_yardstick(tmp_path):
+    """The copy row beside an all-reduce: timed like a backend, never checked (n/a), its
+    busbw its own bytes over time (factor 1 at any world size)."""
+    path = tmp_path / "run.json"
+    proc = bench("--np", "3", "--sizes", "64K", "--mode", "blocking", "--backends", "pycomm,copy",
+                 "--json", str(path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["backend"]: r for r in json.loads(path.read_text())["results"]}
+    assert rows["pycomm"]["wrong"] == 0 and rows["pycomm"]["busbw_factor"] == pytest.approx(4 / 3)
+    copy_row = rows["copy"]
+    assert copy_row["wrong"] == -1 and copy_row["hash"] is None and copy_row["busbw_factor"] == 1.0
+    assert copy_row["busbw"] == pytest.approx(copy_row["algbw"]) and copy_row["time_us"] > 0
+    assert "# correctness: all results exact" in proc.stdout
+    assert bench_main(["--collective", "reduce_scatter", "--backends", "pycomm,copy"]) == 64
+
+
 def compare(old, new):
     return run([sys.executable, os.path.join(ROOT, "bench", "compare.py"), str(old), str(new)])
 

@@ -43,6 +43,12 @@ where its op cannot run (ranks on several hosts, a CPU without AVX2, or AVX-512B
 16-bit data); the bench refuses to start then, so that a row named deepspeed is always
 its shared-memory path.
 
+``copy`` is no collective: each rank copies the call's bytes into a buffer of its own, on
+one thread (numpy's copy), all ranks at once. Listed beside an all-reduce it is the
+memory's yardstick: at 2 ranks, where busbw is S / t, its xbase is pycomm's busbw over
+the bandwidth of a single-threaded copy of the same bytes in the same run. Its results
+are not checked (n/a) and its busbw is its own bytes over time at any world size.
+
 Adding a backend is one :class:`BackendKind` row; :func:`unsupported` tells, before
 anything starts, which (collective, placement, dtype) a row cannot run.
 """
@@ -92,6 +98,7 @@ class BackendKind:
     calls: Optional[Tuple[str, ...]] = None   # the torch.distributed functions it has (None: all)
     ops: Optional[Tuple[str, ...]] = None     # the reductions it has (None: all)
     install: str = "pip install -r requirements-bench.txt"  # how to get its module
+    collective: bool = True   # False: a local yardstick (copy), neither checked nor given a busbw factor
 
 
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
@@ -110,6 +117,7 @@ BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("deepspeed", "cpu", module="deepspeed", dtypes=("float32", "bfloat16", "float16"),
                 calls=("all_reduce",), ops=("sum",),
                 install="pip install --no-deps -r requirements-deepspeed.txt, as make bench-peers does"),
+    BackendKind("copy", "cpu", calls=("all_reduce",), collective=False),
 )}
 
 DEFAULT_BACKENDS = "pycomm,gloo"
@@ -357,6 +365,31 @@ class DeepSpeedComm:
         pass
 
 
+class CopyComm:
+    """The ``copy`` row: a single-threaded copy of the call's bytes into a buffer kept
+    from call to call (grown as sizes grow), with the calling convention of :class:`Comm`."""
+
+    def __init__(self, spec: BackendSpec):
+        import numpy
+        import torch
+
+        self.spec, self.label, self.device = spec, spec.label, "cpu"
+        self.numpy, self.torch, self.buffer = numpy, torch, numpy.empty(0, dtype=numpy.uint8)
+
+    def call(self, name: str, tensor, async_op: bool = True, op=None):
+        source = tensor.view(-1).view(self.torch.uint8).numpy()
+        if self.buffer.size < source.size:
+            self.buffer = self.numpy.ones(source.size, dtype=self.numpy.uint8)  # touched: no first-touch cost timed
+        self.numpy.copyto(self.buffer[:source.size], source)
+        return _Done() if async_op else None
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
     """Create the group for ``spec`` (collective over all ranks: every rank must call this
     for the same specs in the same order). Runs inside a rank."""
@@ -373,6 +406,8 @@ def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
         torch.cuda.set_device(device)
     if kind.name == "deepspeed":
         return DeepSpeedComm(spec, world)
+    if kind.name == "copy":
+        return CopyComm(spec)
     if kind.name == "mpi":
         comm = MpiComm(spec, device)
         if comm.comm.Get_size() != world:

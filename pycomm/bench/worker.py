@@ -133,6 +133,7 @@ def sweep(cfg, rank, world, comms, control, at, say):
 def measure(cfg, coll, comms, control, size, dtype, op, in_place, rank, world, at):
     """One size: prepare every backend, check each, warm each up, then the repeats with the
     backends interleaved. Returns one raw record per backend."""
+    from .backends import BACKENDS
     from .collectives import prepare
     from .timing import iterations, timed_repeat, warm_up
 
@@ -146,6 +147,8 @@ def measure(cfg, coll, comms, control, size, dtype, op, in_place, rank, world, a
                      repeats_match=None) for _ in comms]
     if cfg.check:
         for comm, p, acc in zip(comms, prepared, accuracy):
+            if not BACKENDS[comm.spec.kind].collective:
+                continue
             at("%s: check %s" % (where, comm.label))
             acc.update(_accuracy(p, coll, control, world))
     n, w = iterations(cfg, prepared[0].nbytes)
@@ -162,7 +165,8 @@ def measure(cfg, coll, comms, control, size, dtype, op, in_place, rank, world, a
             calls[i].append(call_s)
     return [dict(backend=comm.label, collective=coll.name, inplace=in_place, dtype=dtype,
                  op=op, bytes=p.nbytes, count=p.count, mode=cfg.mode, iters=n, warmup=w,
-                 busbw_factor=coll.busbw_factor(world), loop_s=loops[i],
+                 busbw_factor=coll.busbw_factor(world) if BACKENDS[comm.spec.kind].collective else 1.0,
+                 loop_s=loops[i],
                  call_s=calls[i] if cfg.mode == "blocking" else None, **accuracy[i])
             for i, (comm, p) in enumerate(zip(comms, prepared))]
 
