@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from datetime import timedelta
 
 import torch
@@ -45,15 +46,21 @@ def _devices_of_pycomm_group(caller):
     """The devices of the group being created when pycomm serves every one of them, else
     None. Such a group is made a PycommProcessGroup, which torch keeps as the group itself
     and which is named "pycomm" where torch and DDP read a group's name; a group that
-    mixes backends ("cpu:pycomm,cuda:nccl") stays torch's own, named "custom". torch hands
-    a creator neither the group nor its device map: its group helper, the caller, holds the
-    map as `backend_config`; where that cannot be read, the group stays torch's own."""
-    if caller.f_code.co_name != "_new_process_group_helper":
-        return None
-    config = caller.f_locals.get("backend_config")
+    mixes backends ("cpu:pycomm,cuda:nccl") stays torch's own, named "custom".
+
+    No public hook tells the two apart: torch hands a creator neither the group nor its
+    device map (_DistributedBackendOptions holds the store, ranks, timeout and group name),
+    and calls it alike for "pycomm" and for "cpu:pycomm,cuda:nccl". Its group helper, the
+    caller, holds the map as ``backend_config``, read there. Where a torch no longer has it,
+    the group stays torch's own and a RuntimeWarning says so; tests/test_gloo_parity.py
+    fails on such a torch (the name it checks becomes "custom")."""
+    config = caller.f_locals.get("backend_config") if caller.f_code.co_name == "_new_process_group_helper" else None
     try:
         device_map = config.get_device_backend_map()
     except AttributeError:
+        warnings.warn("pycomm: torch's group helper no longer shows the group's device map (backend_config in "
+                      "_new_process_group_helper): this group is torch's own ProcessGroup, named 'custom' where "
+                      "torch and DDP read a group's name", RuntimeWarning, stacklevel=3)
         return None
     if not device_map or any(name != BACKEND_NAME for name in device_map.values()):
         return None

@@ -6,6 +6,7 @@ processes). `make conformance` runs the whole suite; these are its findings, kep
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -398,3 +399,17 @@ def backend_name_world(rank, ws):
 @pytest.mark.skipif(is_gloo(), reason="pycomm's name")
 def test_backend_name_where_torch_and_ddp_read_it():
     assert run_world(backend_name_world, 2, timeout=90) == [("pycomm",) * 4] * 2
+
+
+@pytest.mark.skipif(is_gloo(), reason="pycomm's creator")
+def test_a_creator_called_outside_torchs_helper_says_the_group_is_torchs():
+    """Where the group's device map cannot be read (a torch whose helper changed), the
+    backend comes back as torch's plain Backend, with a warning rather than silently."""
+    import pycomm
+
+    options = dist.distributed_c10d._DistributedBackendOptions()
+    options.store, options.group_rank, options.group_size = dist.HashStore(), 0, 1
+    options.timeout, options.group_id, options.global_ranks_in_group = timedelta(seconds=30), "solo", [0]
+    with pytest.warns(RuntimeWarning, match="named 'custom'"):
+        backend = pycomm._create_backend(options, None)
+    assert isinstance(backend, pycomm.ProcessGroupPycomm)
