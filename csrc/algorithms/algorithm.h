@@ -24,6 +24,7 @@
 namespace pycomm {
 
 class Inbox;
+class SenderMatch;
 
 // PYCOMM_DEBUG=TRACE: a log line for each frame a rank sends or receives.
 struct FrameTrace {
@@ -55,6 +56,7 @@ struct Context {
   Workspace* workspace = nullptr;         // the communicator's scratch memory (see workspace.h)
   DeviceTeam* device_team = nullptr;      // the group's device team on this memory; null: none
   Inbox* inbox = nullptr;                 // a recv's: its peer's pair (see p2p.h), held by it
+  SenderMatch* senders = nullptr;         // a recv from any source's (see p2p.h)
 
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
@@ -268,6 +270,7 @@ void direct_scatter(const Context& cx, const Request& rq);
 void pairwise_alltoall(const Context& cx, const Request& rq);
 void p2p_send(const Context& cx, const Request& rq);
 void p2p_recv(const Context& cx, const Request& rq);
+void p2p_recv_from_any(const Context& cx, const Request& rq);
 void dissemination_barrier(const Context& cx, const Request& rq);
 
 // Measures the link to `peer`; both ends call it at the same point, one as initiator.

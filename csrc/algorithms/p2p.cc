@@ -52,6 +52,15 @@ void p2p_send(const Context& cx, const Request& rq) {
 
 void p2p_recv(const Context& cx, const Request& rq) { cx.inbox->receive(cx, cx.to(rq.root), rq); }
 
+void p2p_recv_from_any(const Context& cx, const Request& rq) {
+  Context recv = cx;
+  Request from = rq;
+  std::unique_lock<std::mutex> held;
+  from.root = cx.senders->match(recv, rq.tag, held);
+  p2p_recv(recv, from);
+  if (rq.source) *rq.source = from.root;
+}
+
 void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
   const PeerInfo& peer = ch.peer_info();
   const OpStamp& mine = cx.stamp;

@@ -24,6 +24,20 @@
 
 namespace pycomm {
 
+// Finds the sender of a recv from any source; the group's owner of the pairs' inboxes and
+// receive sides implements it (the communicator).
+class SenderMatch {
+ public:
+  // Waits for the first peer that offers a message with `tag` (Inbox::offers) and returns
+  // it, `held` locking that peer's receive side; points `recv` (the recv's context) at the
+  // pair: its inbox, and the pair's next recv number as stamp.seq. Timeout at the
+  // deadline; a peer's failure once every peer has failed or left.
+  virtual int match(Context& recv, int tag, std::unique_lock<std::mutex>& held) = 0;
+
+ protected:
+  ~SenderMatch() = default;
+};
+
 // One pair's messages taken from its channel ahead of their recv. Used by one thread at a
 // time: the one that holds the pair's receive side (Communicator::receiving_).
 class Inbox {

@@ -73,13 +73,15 @@ Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
   in.network = group_uses_tcp_;
   in.device_memory = rq.device >= 0;
   in.device_team_bytes = device_team_bytes;
+  in.from_any_source = rq.collective == Collective::Recv && rq.root == kAnySource;
   // The rest of the input (topology, chunk, costs) is fixed for the group's life.
   const auto same = [&](const PlanInput& a) {
     const CallOptions &o = a.options, &p = in.options;
     return a.collective == in.collective && a.dtype == in.dtype && a.bytes == in.bytes &&
            o.algorithm == p.algorithm && o.compression == p.compression &&
            o.compression_block == p.compression_block && o.determinism == p.determinism &&
-           a.device_memory == in.device_memory && a.device_team_bytes == in.device_team_bytes;
+           a.device_memory == in.device_memory && a.device_team_bytes == in.device_team_bytes &&
+           a.from_any_source == in.from_any_source;
   };
   std::lock_guard<std::mutex> lock(plan_memo_mutex_);
   if (!plan_memo_ || !same(plan_memo_->in)) plan_memo_ = PlanMemo{in, make_plan(in)};
@@ -136,7 +138,7 @@ OpStamp Communicator::stamp_for(const Request& rq, const Plan& plan) {
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
     // Numbered on the pair's own stream: sends_to_[p] belongs to p's send lane,
     // recvs_from_[p] to whoever holds receiving_[p]. A recv from any source is numbered
-    // once it knows its sender (receive_from_any).
+    // once it knows its sender (match).
     s.root = rq.tag;
     if (rq.collective == Collective::Send) s.seq = sends_to_[rq.root]++;
     else if (rq.root != kAnySource) s.seq = recvs_from_[rq.root]++;
@@ -227,14 +229,11 @@ int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std:
   }
 }
 
-void Communicator::receive_from_any(Context& cx, const Request& rq) {
-  std::unique_lock<std::mutex> held;
-  Request matched = rq;
-  matched.root = await_sender(cx, rq.tag, held);
-  cx.stamp.seq = recvs_from_[matched.root]++;
-  cx.inbox = &inboxes_[matched.root];
-  p2p_recv(cx, matched);
-  if (rq.source) *rq.source = matched.root;
+int Communicator::match(Context& recv, int tag, std::unique_lock<std::mutex>& held) {
+  const int peer = await_sender(recv, tag, held);
+  recv.stamp.seq = recvs_from_[peer]++;
+  recv.inbox = &inboxes_[peer];
+  return peer;
 }
 
 void Communicator::fail_poisoned(const std::string& operation) {
@@ -261,6 +260,7 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
     }
   } let_go{receiving, doorbell_};
   Context cx = context();
+  cx.senders = this;
   if (receiving) {
     cx.inbox = &inboxes_[rq.root];
     cx.inbox->started(rq.tag);
@@ -296,8 +296,7 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
   cx.deadline = Deadline{started + (rq.timeout.count() > 0 ? rq.timeout : timeout_)};
   try {
     if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
-    if (rq.collective == Collective::Recv && rq.root == kAnySource) receive_from_any(cx, rq);
-    else plan.run(cx, rq);
+    plan.run(cx, rq);
     // Inside the try: a fault raised here fails this operation like any other failure.
     if (fault_) fault_->at(FaultPoint::After, cx.stamp, cx.abort);
   } catch (const Error& e) {

@@ -32,7 +32,7 @@ std::string host_key();
 // The cores this process may run on (its affinity).
 int cores_available();
 
-class Communicator {
+class Communicator final : private SenderMatch {
  public:
   // Rendezvous through `store` (keys private to this group); blocks until every rank of
   // the group has connected, or throws. `store` must outlive the communicator: the first
@@ -113,7 +113,7 @@ class Communicator {
   // tag (Inbox::offers), returns it with `held` locking its receive side; Timeout at the
   // deadline, a peer's failure once every peer has failed or left.
   int await_sender(const Context& cx, int tag, std::unique_lock<std::mutex>& held);
-  void receive_from_any(Context& cx, const Request& rq);
+  int match(Context& recv, int tag, std::unique_lock<std::mutex>& held) override;  // SenderMatch
   // The stamp's operation as a log line: "group 'g': allreduce #3 (...)".
   std::string operation_line(const OpStamp& stamp) const;
 

@@ -275,6 +275,8 @@ bool say(std::string* why, const std::string& reason) {
 }
 
 bool always(const PlanInput&, std::string*) { return true; }
+bool named_source(const PlanInput& in, std::string*) { return !in.from_any_source; }
+bool any_source(const PlanInput& in, std::string*) { return in.from_any_source; }
 bool plain_unordered(const PlanInput& in, std::string*) { return !coded(in) && !ordered(in); }
 bool ordered_or_coded(const PlanInput& in, std::string*) { return coded(in) || ordered(in); }
 bool fits_device_team(const PlanInput& in, std::string*) {
@@ -354,7 +356,9 @@ const std::vector<Row>& rows() {
       {C::Scatter, A::Auto, V::Direct, always, not_modelled_us, direct_scatter},
       {C::AllToAll, A::Auto, V::Pairwise, always, not_modelled_us, pairwise_alltoall},
       {C::Send, A::Auto, V::P2P, always, not_modelled_us, p2p_send},
-      {C::Recv, A::Auto, V::P2P, always, not_modelled_us, p2p_recv},
+      // Its frames are a send's, stamped as the send stamps them: p2p either way.
+      {C::Recv, A::Auto, V::P2P, named_source, not_modelled_us, p2p_recv},
+      {C::Recv, A::Auto, V::P2P, any_source, not_modelled_us, p2p_recv_from_any},
       {C::Barrier, A::Auto, V::Dissemination, always, not_modelled_us, dissemination_barrier},
   };
   return table;

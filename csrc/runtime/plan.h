@@ -36,6 +36,7 @@ struct PlanInput {
   bool network = false;          // some pair of ranks exchanges frames over TCP (nodes, or forced)
   bool device_memory = false;    // the buffers are in GPU memory (see make_plan)
   size_t device_team_bytes = 0;  // all-reduces up to this size can run on the group's device team
+  bool from_any_source = false;  // a recv whose sender is found as it runs (kAnySource)
 };
 
 using RunFn = void (*)(const Context& cx, const Request& rq);

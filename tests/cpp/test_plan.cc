@@ -318,7 +318,19 @@ static void test_log_step_reduce_scatter_and_all_gather() {
   }
 }
 
+// A recv names its sender or finds it as it runs: two rows, one label (the frames are a
+// send's either way, and the sender's stamp says p2p).
+static void test_recv_from_any_source() {
+  const Topology four = uniform(1, 4);
+  PlanInput named = input(four, 64, Collective::Recv), any = named;
+  any.from_any_source = true;
+  CHECK(make_plan(named).run == p2p_recv && make_plan(any).run == p2p_recv_from_any, "recv rows by source");
+  CHECK(std::string(label(named)) == "p2p" && std::string(label(any)) == "p2p", "recv labels: %s, %s", label(named),
+        label(any));
+}
+
 int main() {
+  test_recv_from_any_source();
   test_log_step_reduce_scatter_and_all_gather();
   test_two_level_reduce_scatter_and_all_gather();
   test_labels_say_what_runs();
