@@ -8,10 +8,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "binding/arguments.h"
 #include "binding/codecs.h"
 #include "binding/store_adapter.h"
 #include "binding/tables.h"
-#include "runtime/device_runtime.h"
 
 namespace pycomm {
 namespace {
@@ -21,53 +21,6 @@ namespace {
 // a lane of their own, after every peer's two.
 int p2p_lane(int peer, bool send, int size) {
   return peer == kAnySource ? 2 * size : 2 * peer + (send ? 1 : 0);
-}
-
-std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
-  return t == c10d::kUnsetTimeout ? std::chrono::milliseconds(0) : t;
-}
-
-void check_tensor(const at::Tensor& t, const char* op) {
-  TORCH_CHECK_VALUE(t.defined(), "pycomm: ", op, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.device().is_cpu() || t.device().is_cuda(), "pycomm: ", op,
-                    " expects CPU or CUDA tensors, got a tensor on ", t.device());
-  TORCH_CHECK_VALUE(t.device().is_cpu() || has_device_runtime(), "pycomm: ", op, ": ", kNoCudaBuild);
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "pycomm: ", op, " expects dense tensors, got layout ", t.layout());
-  to_core(t.scalar_type());
-}
-
-const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op) {
-  TORCH_CHECK_VALUE(tensors.size() == 1, "pycomm: ", op, " takes exactly one tensor per call, got ", tensors.size());
-  check_tensor(tensors[0], op);
-  return tensors[0];
-}
-
-void check_same(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  check_tensor(a, op);
-  check_tensor(b, op);
-  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "pycomm: ", op, ": dtypes differ (", a.scalar_type(), " vs ", b.scalar_type(), ")");
-}
-
-void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t n, const char* op) {
-  TORCH_CHECK_VALUE(list.size() == n, "pycomm: ", op, ": expected a list of ", n, " tensors (one per rank), got ", list.size());
-  for (const auto& t : list) {
-    check_same(t, like, op);
-    TORCH_CHECK_VALUE(t.numel() == like.numel(), "pycomm: ", op, ": every tensor in the list must have ", like.numel(), " elements, got ", t.numel());
-  }
-}
-
-// The root's list of a gather's outputs or a scatter's inputs (`lists` holds one, of a
-// tensor per rank, each like `like`); null on the other ranks, which must pass none.
-const std::vector<at::Tensor>* root_list(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
-                                         bool root, size_t n, const char* op, const char* what) {
-  if (!root) {
-    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "pycomm: ", op, ": only the root passes ",
-                      what, " tensors");
-    return nullptr;
-  }
-  TORCH_CHECK_VALUE(lists.size() == 1, "pycomm: ", op, ": the root takes one ", what, " list, got ", lists.size());
-  check_list(lists[0], like, n, op);
-  return &lists[0];
 }
 
 // The stream the calling thread enqueues work on for `device` (CUDA), through torch's
@@ -276,13 +229,7 @@ CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& al
 
 Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
                                     const CallOptions* options) const {
-  Request rq;
-  rq.collective = c;
-  rq.dtype = to_core(t.scalar_type());
-  rq.options = options ? *options : comm_->config().options_for(c);
-  rq.timeout = op_timeout(timeout);
-  rq.device = t.is_cuda() ? t.get_device() : -1;
-  return rq;
+  return tensor_request(c, t, timeout, options ? *options : comm_->config().options_for(c));
 }
 
 void ProcessGroupPycomm::validate(Launch& l, const char* title) {
