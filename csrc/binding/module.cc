@@ -9,6 +9,7 @@
 #include "binding/codecs.h"
 #include "binding/layered.h"
 #include "binding/tables.h"
+#include "binding/work.h"
 #include "runtime/device_runtime.h"
 #include "runtime/plan.h"
 #if defined(PYCOMM_WITH_CUDA)
