@@ -8,7 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "binding/arguments.h"
-#include "binding/codecs.h"
+#include "binding/sparse_allreduce.h"
 #include "binding/store_adapter.h"
 #include "binding/tables.h"
 
@@ -277,79 +277,19 @@ at::Tensor ProcessGroupPycomm::gather_host(const at::Tensor& mine, std::chrono::
   return out;
 }
 
-// Every rank's coalesced indices and values are gathered, padded to the largest count of
-// entries, and each index present on any rank is folded over the ranks in rank order by
-// the dense all-reduce's own fold (reduce_tensors: 16-bit values accumulate in fp32; the
-// exact sum in exact mode), a rank without the index contributing -0.0, the sum's
-// identity. Every rank computes the same fold of the same data: identical bits on every
-// rank in every mode, the exact mode's independent of the ranks' order and number too.
-at::Tensor ProcessGroupPycomm::sparse_sum(const at::Tensor& input, const CallOptions& options,
-                                          std::chrono::milliseconds timeout) {
-  const at::Tensor local = input.coalesce().cpu();
-  const int64_t sparse_dim = local.sparse_dim(), nnz = local._nnz(), n = getSize();
-  std::vector<int64_t> shape = {sparse_dim, local.dense_dim()};
-  shape.insert(shape.end(), local.sizes().begin(), local.sizes().end());
-  std::vector<int64_t> meta = {nnz};
-  meta.insert(meta.end(), shape.begin(), shape.end());
-  // The ranks' counts of entries and shapes; a rank whose tensor has another number of
-  // dimensions gathers another count, which the operation's stamp reports as a mismatch.
-  const at::Tensor metas = gather_host(at::tensor(meta, at::kLong), timeout);
-  const auto shape_of = [&](int64_t r) { return metas[r].narrow(0, 1, static_cast<int64_t>(shape.size())); };
-  for (int64_t r = 1; r < n; ++r)
-    TORCH_CHECK_VALUE(at::equal(shape_of(r), shape_of(0)), "pycomm: sparse all-reduce: rank ", r,
-                      " has a tensor of (sparse dims, dense dims, sizes) ", shape_of(r), ", rank 0 ", shape_of(0));
-  const at::Tensor counts_tensor = metas.select(1, 0).contiguous();
-  const std::vector<int64_t> counts(counts_tensor.data_ptr<int64_t>(), counts_tensor.data_ptr<int64_t>() + n);
-  const int64_t most = *std::max_element(counts.begin(), counts.end());
-  std::vector<int64_t> padded_values_shape = local._values().sizes().vec();
-  padded_values_shape[0] = most;
-  at::Tensor indices = at::zeros({sparse_dim, most}, at::kLong);
-  at::Tensor values = at::zeros(padded_values_shape, local._values().options());
-  indices.narrow(1, 0, nnz).copy_(local._indices());
-  values.narrow(0, 0, nnz).copy_(local._values());
-  const at::Tensor all_indices = gather_host(indices, timeout).view({n, sparse_dim, most});
-  std::vector<int64_t> all_values_shape = padded_values_shape;
-  all_values_shape.insert(all_values_shape.begin(), n);
-  const at::Tensor all_values = gather_host(values, timeout).view(all_values_shape);
-
-  // The union of the ranks' indices, sorted, and where each rank's entries fall in it:
-  // an index is its row-major position within the sparse dimensions.
-  const at::Tensor sparse_sizes = at::tensor(local.sizes().slice(0, sparse_dim).vec(), at::kLong).unsqueeze(1);
-  at::Tensor strides = at::ones({sparse_dim, 1}, at::kLong);
-  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * sparse_sizes[d + 1];
-  std::vector<at::Tensor> linear;
-  for (int64_t r = 0; r < n; ++r) linear.push_back((all_indices[r].narrow(1, 0, counts[r]) * strides).sum(0));
-  at::Tensor unique, position;
-  std::tie(unique, position, std::ignore) = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
-  std::vector<int64_t> term_shape = padded_values_shape;
-  term_shape[0] = unique.numel();
-  const bool floating = at::isFloatingType(local.scalar_type());
-  std::vector<at::Tensor> terms;
-  int64_t offset = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    terms.push_back(at::full(term_shape, floating ? -0.0 : 0.0, local._values().options()));
-    terms.back().index_copy_(0, position.narrow(0, offset, counts[r]), all_values[r].narrow(0, 0, counts[r]));
-    offset += counts[r];
-  }
-  const at::Tensor sum = reduce_tensors(terms, c10d::ReduceOp::SUM, n, options.determinism == Determinism::Exact,
-                                        std::nullopt).view(term_shape);
-  const at::Tensor unique_indices = unique.unsqueeze(0).div(strides, "floor") % sparse_sizes;
-  return at::_sparse_coo_tensor_unsafe(unique_indices, sum, local.sizes(), local.options())
-      ._coalesced_(true)
-      .to(input.device());
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
                     "pycomm: all-reduce of sparse tensors only works with ReduceOp.SUM");
   to_core(tensor.scalar_type());
   TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: allreduce on a group that was shut down");
-  const CallOptions options = comm_->config().options_for(Collective::AllReduce);
+  const bool exact = comm_->config().options_for(Collective::AllReduce).determinism == Determinism::Exact;
   const std::chrono::milliseconds timeout = op_timeout(opts.timeout);
   Launch l;
   l.result = {tensor};
   // Its steps depend on what the first gathers: they run as one task, in issue order.
-  l.after.push_back([this, tensor, options, timeout]() mutable { tensor.copy_(sparse_sum(tensor, options, timeout)); });
+  l.after.push_back([this, tensor, exact, timeout]() mutable {
+    tensor.copy_(sparse_sum(tensor, getSize(), exact, [&](const at::Tensor& mine) { return gather_host(mine, timeout); }));
+  });
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce_sparse", std::move(l), !opts.asyncOp);
 }
 

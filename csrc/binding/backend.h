@@ -81,10 +81,9 @@ class ProcessGroupPycomm final : public c10d::Backend {
   void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
-  // Sparse (COO) SUM all-reduce, as Gloo serves it: the result replaces the input's
-  // indices and values on every rank.
+  // Sparse (COO) SUM all-reduce, as Gloo serves it (sparse_sum): the result replaces the
+  // input's indices and values on every rank.
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
-  at::Tensor sparse_sum(const at::Tensor& input, const CallOptions& options, std::chrono::milliseconds timeout);
   // Every rank's `mine` (host memory, equal sizes) as rows of one tensor; runs at once, on
   // the calling (engine) thread.
   at::Tensor gather_host(const at::Tensor& mine, std::chrono::milliseconds timeout);
