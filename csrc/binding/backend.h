@@ -1,5 +1,8 @@
 // The `pycomm` c10d backend: validates torch arguments, turns them into core Requests,
 // and runs them on the group's progress engine. Every collective goes through launch().
+// ProcessGroupPycomm is defined in three files: backend.cc (the group's lifecycle and
+// launch), collectives.cc (the c10d::Backend collectives and point-to-point) and
+// direct_api.cc (the direct API).
 #pragma once
 
 #include <chrono>
