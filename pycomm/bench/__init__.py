@@ -23,10 +23,19 @@ Layout (each piece is written once and shared by every backend, dtype and collec
 * ``launch``      starts the ranks (a process per rank, or mpirun for MPI peers),
                   enforces the deadline, collects results or tracebacks; or runs this
                   process as one of torchrun's ranks.
-* ``report``      the formatter (tables, comparison, dispatch overhead, summary) and the
-                  JSON, JSON-lines and Markdown writers.
+* ``stats``       raw loop times -> time, algbw, busbw, p50/p99; the wrong-element count.
+* ``comparisons`` ratios at the same size: against the baseline, the subject against its
+                  peers, torch.distributed's dispatch overhead.
+* ``run_metadata`` where and how the run was made: host, git state, command, config.
+* ``render``      the formatter: header, per-backend tables, comparison, dispatch overhead,
+                  summary, correctness verdict, progress line (as text or Markdown tables).
+* ``writers``     the JSON document, JSON-lines and Markdown writers.
 * ``plot``        ``python -m pycomm.bench.plot run.json -o busbw.png``: busbw (and latency)
                   against size, and the best backend per size.
+
+The parent-side output modules are layered without cycles: ``stats``, ``comparisons`` and
+``run_metadata`` import none of the others, ``render`` builds on them, ``writers`` on
+``render``; ``cli`` imports each piece it uses.
 
 Nothing here imports ``pycomm`` (the backend) at module level: a rank imports it only when a
 backend under test needs it, so ``--backends gloo`` runs without the extension.

@@ -242,17 +242,19 @@ def main(argv=None) -> int:
         print("%s: error: %s" % (parser.prog, e), file=sys.stderr)
         return 64
 
-    from . import report
+    from .comparisons import against_baseline
     from .launch import WorldFailed, run_here, run_world
+    from .render import header, progress_line
+    from .stats import summarize, total_wrong
 
     leader = cfg.launcher != "torchrun" or int(os.environ["RANK"]) == 0
     versions = _versions(cfg)
     if leader:
-        print(report.header(cfg, versions), flush=True)
+        print(header(cfg, versions), flush=True)
 
     def on_row(row):
         if not cfg.quiet:
-            print(report.progress_line(row, cfg.subject.label), file=sys.stderr, flush=True)
+            print(progress_line(row, cfg.subject.label), file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
     try:
@@ -266,32 +268,35 @@ def main(argv=None) -> int:
         return 130
     elapsed = time.monotonic() - t0
 
-    results = report.against_baseline([report.summarize(r) for r in outcome["records"]],
-                                      cfg.subject.label)
+    results = against_baseline([summarize(r) for r in outcome["records"]], cfg.subject.label)
     if leader:
         write_outputs(cfg, versions, results, outcome["warnings"], elapsed)
     for w in outcome["warnings"]:
         print("pycomm.bench: warning: %s" % w, file=sys.stderr)
-    if report.total_wrong(results, lossy_labels(cfg.backends)):
+    if total_wrong(results, lossy_labels(cfg.backends)):
         return 2
     return 3 if outcome["warnings"] else 0
 
 
 def write_outputs(cfg: Config, versions, results, warnings, elapsed: float) -> None:
     """The report on stdout, then every file asked for."""
-    from . import plot, report
+    from . import plot
+    from .comparisons import compare
+    from .render import render
+    from .run_metadata import environment
+    from .writers import document, write_json, write_jsonl, write_markdown
 
-    rows = report.compare(results, cfg.subject.label, [b.label for b in cfg.peers])
-    text = report.render(cfg, results, rows)
+    rows = compare(results, cfg.subject.label, [b.label for b in cfg.peers])
+    text = render(cfg, results, rows)
     print(text)
     print("# elapsed: %.1f s" % elapsed, flush=True)
-    env = report.environment(cfg, versions)
-    doc = report.document(cfg, env, results, rows, warnings, elapsed)
+    env = environment(cfg, versions)
+    doc = document(cfg, env, results, rows, warnings, elapsed)
     if cfg.json_path:
-        report.write_json(cfg.json_path, doc)
+        write_json(cfg.json_path, doc)
         print("# json: %s" % cfg.json_path)
     if cfg.jsonl_path:
-        report.write_jsonl(cfg.jsonl_path, env, results)
+        write_jsonl(cfg.jsonl_path, env, results)
         print("# json lines: %s" % cfg.jsonl_path)
     plots = []
     if cfg.plot_dir:
@@ -302,5 +307,5 @@ def write_outputs(cfg: Config, versions, results, warnings, elapsed: float) -> N
             plots.append(path)
             print("# plot: %s" % path)
     if cfg.markdown_path:
-        report.write_markdown(cfg.markdown_path, cfg, env, results, rows, text, plots)
+        write_markdown(cfg.markdown_path, cfg, env, results, rows, text, plots)
         print("# markdown: %s" % cfg.markdown_path)

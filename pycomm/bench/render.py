@@ -1,134 +1,31 @@
-"""Statistics, the nccl-tests-style formatter and the writers (JSON document, JSON lines,
-Markdown report, plots); parent side, torch-free.
+"""The nccl-tests-style formatter: the header, one table per backend, the side-by-side
+comparison, torch.distributed's dispatch overhead, the summary, the correctness verdict and
+the per-size progress line; parent side, torch-free.
 
-A record (from a rank) holds raw loop times: ``loop_s[repeat][rank]`` seconds for
-``iters`` calls, and in blocking mode ``call_s[repeat][call]``, each call's seconds (max over
-ranks). Per repeat the time of one call is ``max over ranks / iters``; the reported time is
-the median over repeats. algbw = S / t, busbw = algbw * factor (collectives.py), in GB/s =
-1e9 bytes/s as in nccl-tests.
+Every table has one (headers, units, rows of cells) shape, rendered as text (the report on
+stdout) or Markdown (writers.write_markdown).
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
 import socket
-import statistics
-import subprocess
-import sys
-import time
 from typing import Dict, List, Optional, Tuple
 
 from .backends import dispatch_pairs, lossy_labels
+from .comparisons import dispatch, result_key
 from .config import MODES, Config, format_bytes
-
-# The summary's size classes: (name, size, what is quoted).
-SUMMARY_POINTS = (("small", 4 << 10, "latency"), ("medium", 1 << 20, "busbw"),
-                  ("large", 64 << 20, "busbw"))
-
-
-# --------------------------------------------------------------------------------------
-# statistics
-# --------------------------------------------------------------------------------------
-
-def percentile(values: List[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least q% of the values <= it."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def summarize(rec: dict) -> dict:
-    """Add per_repeat_us, time_us, algbw, busbw (GB/s), and p50_us/p99_us over every call
-    (blocking mode; else None) to a raw record (returns a copy)."""
-    out = dict(rec)
-    per_repeat = [max(ranks) / rec["iters"] for ranks in rec["loop_s"]]
-    t = statistics.median(per_repeat)
-    out["per_repeat_us"] = [x * 1e6 for x in per_repeat]
-    out["time_us"] = t * 1e6
-    out["algbw"] = rec["bytes"] / t / 1e9 if t > 0 else float("inf")
-    out["busbw"] = out["algbw"] * rec["busbw_factor"]
-    calls = [c * 1e6 for repeat in rec.get("call_s") or [] for c in repeat]
-    out["p50_us"] = percentile(calls, 50) if calls else None
-    out["p99_us"] = percentile(calls, 99) if calls else None
-    return out
-
-
-def _key(rec: dict) -> Tuple[str, bool, str, str, int]:
-    return (rec["collective"], rec["inplace"], rec["dtype"], rec["op"], rec["bytes"])
-
-
-def place(in_place: bool) -> str:
-    return "in" if in_place else "out"
-
-
-def against_baseline(results: List[dict], baseline: str) -> List[dict]:
-    """Add ``baseline``, ``x_baseline`` = time / the baseline's time at the same key (> 1:
-    the baseline is faster) and ``x_baseline_paired`` = the range over repeats of (repeat k
-    / the baseline's repeat k, run side by side) to each summarized record (copies)."""
-    base = {_key(r): r for r in results if r["backend"] == baseline}
-    out = []
-    for r in results:
-        b = base.get(_key(r))
-        if b is None or b["time_us"] <= 0:
-            out.append(dict(r, baseline=baseline, x_baseline=None, x_baseline_paired=None))
-            continue
-        pairs = [a / c for a, c in zip(r["per_repeat_us"], b["per_repeat_us"]) if c > 0]
-        out.append(dict(r, baseline=baseline, x_baseline=r["time_us"] / b["time_us"],
-                        x_baseline_paired=[min(pairs), max(pairs)] if pairs else None))
-    return out
-
-
-def compare(results: List[dict], subject: str, peers: List[str]) -> List[dict]:
-    """Per size: each backend's time and busbw, and the subject's speed-up over each peer
-    (peer time / subject time, median over repeats; and the range of the per-repeat paired
-    ratios, repeat k of the peer over repeat k of the subject, which ran next to it)."""
-    by_key: Dict[tuple, Dict[str, dict]] = {}
-    for r in results:
-        by_key.setdefault(_key(r), {})[r["backend"]] = r
-    rows = []
-    for key, recs in by_key.items():
-        if subject not in recs:
-            continue
-        s = recs[subject]
-        row = dict(collective=key[0], inplace=key[1], dtype=key[2], op=key[3], bytes=key[4],
-                   time_us={b: r["time_us"] for b, r in recs.items()},
-                   busbw={b: r["busbw"] for b, r in recs.items()}, speedup={}, paired={})
-        for peer in peers:
-            if peer not in recs:
-                continue
-            p = recs[peer]
-            row["speedup"][peer] = p["time_us"] / s["time_us"] if s["time_us"] > 0 else None
-            pairs = [a / b for a, b in zip(p["per_repeat_us"], s["per_repeat_us"]) if b > 0]
-            row["paired"][peer] = [min(pairs), max(pairs)] if pairs else None
-        rows.append(row)
-    return rows
-
-
-def dispatch(results: List[dict], pairs: List[Tuple[str, str]]) -> List[dict]:
-    """Per size and (torch label, direct label) pair: torch.distributed's dispatch overhead,
-    as the difference of the medians (us), their ratio, and the range over repeats of the
-    paired differences (repeat k through torch minus repeat k direct, run side by side)."""
-    by = {(r["backend"],) + _key(r): r for r in results}
-    rows = []
-    for via_torch, direct in pairs:
-        for d in (r for r in results if r["backend"] == direct):
-            t = by.get((via_torch,) + _key(d))
-            if t is None:
-                continue
-            diffs = [a - b for a, b in zip(t["per_repeat_us"], d["per_repeat_us"])]
-            rows.append(dict(collective=d["collective"], inplace=d["inplace"], dtype=d["dtype"],
-                             op=d["op"], bytes=d["bytes"], torch=via_torch, direct=direct,
-                             torch_us=t["time_us"], direct_us=d["time_us"],
-                             overhead_us=t["time_us"] - d["time_us"],
-                             ratio=t["time_us"] / d["time_us"] if d["time_us"] > 0 else None,
-                             paired_us=[min(diffs), max(diffs)]))
-    return rows
+from .run_metadata import usable_cpus
+from .stats import summarize, total_wrong
 
 
 # --------------------------------------------------------------------------------------
 # tables: one (headers, units, rows) shape, rendered as text or Markdown
 # --------------------------------------------------------------------------------------
+
+def place(in_place: bool) -> str:
+    return "in" if in_place else "out"
+
 
 def _us(us: Optional[float]) -> str:
     if us is None:
@@ -224,13 +121,6 @@ def markdown_table(table: Table) -> str:
 # text
 # --------------------------------------------------------------------------------------
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
-
-
 def header(cfg: Config, versions: Dict[str, str]) -> str:
     lines = [
         "# pycomm.bench: %s, nccl-tests conventions" % ", ".join(cfg.collectives),
@@ -309,14 +199,19 @@ def dispatch_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+# The summary's size classes: (name, size, what is quoted).
+SUMMARY_POINTS = (("small", 4 << 10, "latency"), ("medium", 1 << 20, "busbw"),
+                  ("large", 64 << 20, "busbw"))
+
+
 def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str],
             cfg: Config, overhead: List[dict]) -> str:
-    by = {(r["backend"],) + _key(r): r for r in results}
-    cmp_by = {_key(c): c for c in rows}
-    overhead_by = {(r["torch"], r["direct"]) + _key(r): r for r in overhead}
+    by = {(r["backend"],) + result_key(r): r for r in results}
+    cmp_by = {result_key(c): c for c in rows}
+    overhead_by = {(r["torch"], r["direct"]) + result_key(r): r for r in overhead}
     lines = []
     points = {size for _, size, _ in SUMMARY_POINTS}
-    for combo in dict.fromkeys(_key(r)[:4] for r in results if r["bytes"] in points):
+    for combo in dict.fromkeys(result_key(r)[:4] for r in results if r["bytes"] in points):
         coll, in_place, dtype, op = combo
         lines.append("# summary %s %s %s %s, %d ranks, %s:" % (
             coll, "in-place" if in_place else "out-of-place", dtype, op, cfg.nranks, cfg.mode))
@@ -347,13 +242,6 @@ def summary(results: List[dict], rows: List[dict], subject: str, peers: List[str
                 lines.append("#   dispatch: %s (torch.distributed) over %s (direct API): %s"
                              % (pair + (", ".join(parts),)))
     return "\n".join(["#"] + lines) if lines else ""
-
-
-def total_wrong(results: List[dict], lossy=()) -> int:
-    """Wrong elements of the backends not in ``lossy`` (labels of lossily compressed
-    backends, whose results may be off the exact sum: see backends.lossy_labels)."""
-    return sum(r["wrong"] for r in results if r["wrong"] > 0 and r["backend"] not in lossy)
-
 
 def correctness(cfg: Config, results: List[dict]) -> str:
     if not cfg.check:
@@ -403,127 +291,3 @@ def progress_line(row: List[dict], subject: str) -> str:
     return "# .. %s %s %s %s %10d B  n=%d: %s" % (
         first["collective"], place(first["inplace"]), first["dtype"], first["op"],
         first["bytes"], first["iters"], "  ".join(parts))
-
-
-# --------------------------------------------------------------------------------------
-# JSON, JSON lines, Markdown
-# --------------------------------------------------------------------------------------
-
-def _git_state() -> Optional[dict]:
-    """Commit and dirtiness of the checkout this package runs from (best effort)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", ".."],
-                               capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return None
-    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-
-
-def environment(cfg: Config, versions: Dict[str, str]) -> dict:
-    """Where and how the run was made: every JSON line carries it, the document holds it."""
-    from dataclasses import asdict
-
-    return {
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": _git_state(),
-        "command": cfg.command,
-        "world_size": cfg.nranks,
-        "launcher": cfg.launcher,
-        "mode": {"name": cfg.mode, "meaning": MODES[cfg.mode]},
-        "host": {"hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
-                 "usable_cpus": usable_cpus(), "platform": platform.platform(),
-                 "python": sys.version.split()[0], "versions": versions},
-        "config": asdict(cfg),
-    }
-
-
-UNITS = {"loop_s": "seconds per repeat per rank for `iters` calls",
-         "call_s": "blocking mode: seconds of each call per repeat, max over ranks",
-         "per_repeat_us": "max over ranks of loop_s / iters, microseconds",
-         "time_us": "median of per_repeat_us", "algbw": "GB/s (1e9 B/s) = bytes/time",
-         "busbw": "algbw * busbw_factor", "p50_us/p99_us": "percentiles of call_s (us)",
-         "relerr": "||got - ref|| / ||ref|| over every rank's output, Gaussian inputs, "
-                   "float64 reference",
-         "hash": "sha256 of rank 0's output bytes of the Gaussian call, 8 hex digits",
-         "x_baseline": "time_us / the baseline's time_us at the same size"}
-
-
-def _finite(obj):
-    """The object with non-finite floats as strings ("inf", "nan"), so that it is JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _write(path: str, text: str) -> None:
-    """Write atomically (a reader never sees half a file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def document(cfg: Config, env: dict, results: List[dict], rows: List[dict],
-             warnings: List[str], elapsed_s: float) -> dict:
-    """The ``--json`` document: the environment, every result, the comparison."""
-    return dict(env, format="pycomm.bench/2", units=UNITS, subject=cfg.subject.label,
-                results=results, comparison=rows,
-                dispatch=dispatch(results, dispatch_pairs(cfg.backends)),
-                warnings=warnings, elapsed_s=elapsed_s)
-
-
-def write_json(path: str, doc: dict) -> None:
-    _write(path, json.dumps(_finite(doc), indent=1) + "\n")
-
-
-def write_jsonl(path: str, env: dict, results: List[dict]) -> None:
-    """One JSON object per result row, each with the whole environment under "env"."""
-    _write(path, "".join(json.dumps(_finite(dict(r, env=env))) + "\n" for r in results))
-
-
-def write_markdown(path: str, cfg: Config, env: dict, results: List[dict], rows: List[dict],
-                   text_report: str, plots: List[str]) -> None:
-    host = env["host"]
-    lines = ["# pycomm.bench: %s" % ", ".join(cfg.collectives), "",
-             "`%s`" % cfg.command, "",
-             "| | |", "|---|---|",
-             "| date (UTC) | %s |" % env["date_utc"],
-             "| git | %s |" % ("%s%s" % (env["git"]["commit"][:12], " (dirty)"
-                                         if env["git"]["dirty"] else "")
-                              if env["git"] else "unknown"),
-             "| host | %s, %s cpus (%s usable), %s, python %s |"
-             % (host["hostname"], host["cpu_count"], host["usable_cpus"], host["platform"],
-                host["python"]),
-             "| versions | %s |" % ", ".join("%s %s" % kv for kv in host["versions"].items()),
-             "| world | %d ranks, %s |" % (cfg.nranks, cfg.launcher),
-             "| mode | %s |" % MODES[cfg.mode],
-             "| backends | %s (baseline %s) |"
-             % (", ".join("`%s`" % b.describe() for b in cfg.backends), cfg.subject.label),
-             ""]
-    for b in cfg.backends:
-        lines += ["## %s" % b.label, "",
-                  "xbase = time / %s time (> 1: %s is faster)."
-                  % (cfg.subject.label, cfg.subject.label), "",
-                  markdown_table(backend_rows(results, b.label, cfg.mode == "blocking")), ""]
-    if cfg.peers:
-        lines += ["## Comparison", "", "x<peer> = peer time / %s time (> 1: %s is faster)."
-                  % (cfg.subject.label, cfg.subject.label), "",
-                  markdown_table(comparison_rows(rows, cfg.subject.label,
-                                                 [b.label for b in cfg.peers])), ""]
-    if plots:
-        lines += ["## Plots", ""] + ["![%s](%s)" % (os.path.splitext(os.path.basename(p))[0],
-                                                    os.path.relpath(p, os.path.dirname(
-                                                        os.path.abspath(path))))
-                                     for p in plots] + [""]
-    lines += ["## Text report", "", "```", text_report, "```", ""]
-    _write(path, "\n".join(lines))
