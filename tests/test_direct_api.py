@@ -64,3 +64,25 @@ def direct_api_results():
 def test_direct_api_matches_dist(direct_api_results):
     problems = ["rank %d: %s" % (r, p) for r, ps in enumerate(direct_api_results) for p in ps]
     assert not problems, "\n".join(problems)
+
+
+def shut_down_world(rank, ws):
+    """A backend kept past its group's destruction: every kind of call is refused."""
+    sub = dist.new_group(list(range(ws)), timeout=group_timeout())
+    backend = sub._get_backend(torch.device("cpu"))
+    dist.destroy_process_group(sub)
+    refusals = []
+    for call in (lambda: backend.allreduce([torch.ones(3)]), lambda: backend.barrier(),
+                 lambda: backend.allgather([[torch.ones(3)] * ws], [torch.ones(3)])):
+        try:
+            call().wait()
+            refusals.append(None)
+        except ValueError as e:
+            refusals.append(str(e))
+    return refusals
+
+
+@pytest.mark.skipif(BACKEND != "pycomm", reason="pycomm's backend object")
+def test_a_shut_down_group_refuses_calls():
+    for refusals in run_world(shut_down_world, 2, timeout=60):
+        assert all(r and "on a group that was shut down" in r for r in refusals), refusals

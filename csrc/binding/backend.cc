@@ -109,9 +109,14 @@ void ProcessGroupPycomm::shutdown() {
   comm_.reset();
 }
 
+const Config& ProcessGroupPycomm::config(const char* title) const {
+  TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: ", title, " on a group that was shut down");
+  return comm_->config();
+}
+
 Request ProcessGroupPycomm::request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
                                     const CallOptions* options) const {
-  return tensor_request(c, t, timeout, options ? *options : comm_->config().options_for(c));
+  return tensor_request(c, t, timeout, options ? *options : config(name_of(c)).options_for(c));
 }
 
 void ProcessGroupPycomm::validate(Launch& l, const char* title) {
@@ -160,7 +165,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   // Small operations run eagerly even when asynchronous: they are latency-bound, so a
   // hand-off to the worker thread would cost more than it could overlap. Run here, the
   // Launch needs no copy on the heap.
-  const bool eager = blocking || bytes <= comm_->config().eager_bytes;
+  const bool eager = blocking || bytes <= config(title).eager_bytes;
   if (eager && lane == Engine::kOrdered && engine_->try_run([&] { complete(*work, l); })) return work;
   auto job = std::make_shared<Launch>(std::move(l));
   engine_->submit([this, work, job] { complete(*work, *job); }, lane);

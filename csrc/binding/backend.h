@@ -77,6 +77,9 @@ class ProcessGroupPycomm final : public c10d::Backend {
   std::string dump_flight_recorder(const std::string& path) const;
 
  private:
+  // The group's configuration; a ValueError naming `title` once the group was shut down
+  // (every call reads it before anything else touches the communicator).
+  const Config& config(const char* title) const;
   // A request of `c` on `t`'s dtype and device, with `options` (the direct API's) or, where
   // null, the group's defaults for `c`.
   Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,

@@ -71,7 +71,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Ten
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
     return sparse_allreduce(tensors[0], opts);
   Launch l;
-  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::AllReduce));
+  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, config("allreduce").options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), !opts.asyncOp);
 }
@@ -93,8 +93,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& 
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
                     "pycomm: all-reduce of sparse tensors only works with ReduceOp.SUM");
   to_core(tensor.scalar_type());
-  TORCH_CHECK_VALUE(engine_ && comm_, "pycomm: allreduce on a group that was shut down");
-  const bool exact = comm_->config().options_for(Collective::AllReduce).determinism == Determinism::Exact;
+  const bool exact = config("allreduce").options_for(Collective::AllReduce).determinism == Determinism::Exact;
   const std::chrono::milliseconds timeout = op_timeout(opts.timeout);
   Launch l;
   l.result = {tensor};
@@ -109,7 +108,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vect
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
   Launch l;
   for (const auto& t : tensors)
-    add_allreduce(l, t, opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::AllReduce));
+    add_allreduce(l, t, opts.reduceOp, opts.timeout, config("allreduce").options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -154,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::ve
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::AllgatherOptions& opts) {
   Launch l;
-  add_allgather(l, output, input, opts.timeout, comm_->config().options_for(Collective::AllGather));
+  add_allgather(l, output, input, opts.timeout, config("allgather").options_for(Collective::AllGather));
   l.result = {output};
   return launch(c10d::OpType::_ALLGATHER_BASE, "pycomm:_all_gather_base", std::move(l), !opts.asyncOp);
 }
@@ -196,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesc
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   Launch l;
-  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, comm_->config().options_for(Collective::AllGather));
+  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, config("allgather").options_for(Collective::AllGather));
   l.result = outputs;
   return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -242,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
   TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: reduce_scatter takes one input list, got ", inputs.size());
   check_list(inputs[0], out, getSize(), "reduce_scatter");
   Launch l;
-  add_reduce_scatter(l, out, l.in_concat(inputs[0]), opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
+  add_reduce_scatter(l, out, l.in_concat(inputs[0]), opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l), !opts.asyncOp);
 }
@@ -250,7 +249,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
   Launch l;
-  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
+  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
   l.result = {output};
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l), !opts.asyncOp);
 }
@@ -262,7 +261,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesc
                     " outputs for ", inputs.size(), " inputs");
   Launch l;
   for (size_t i = 0; i < inputs.size(); ++i)
-    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, comm_->config().options_for(Collective::ReduceScatter));
+    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
 }
@@ -363,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::barrier(const c10d::BarrierOp
   Request rq;
   rq.collective = Collective::Barrier;
   rq.dtype = DataType::UInt8;
-  rq.options = comm_->config().options_for(Collective::Barrier);
+  rq.options = config("barrier").options_for(Collective::Barrier);
   rq.timeout = op_timeout(opts.timeout);
   l.requests.push_back(rq);
   return launch(c10d::OpType::BARRIER, "pycomm:barrier", std::move(l), !opts.asyncOp);

@@ -6,7 +6,7 @@ namespace pycomm {
 
 CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& algorithm,
                                              const std::string& compression, const std::string& determinism) const {
-  CallOptions o = comm_->config().options_for(c);
+  CallOptions o = config(name_of(c)).options_for(c);
   guard([&] {
     if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
     if (!compression.empty()) o.compression = parse<Compression>(compression);
