@@ -346,18 +346,60 @@ def test_torchrun_smoke(tmp_path):
         assert "RESULT rank=%d world=2 sum=3.0" % rank in out, out[-4000:]
 
 
-def eager_world(rank, ws, nbytes):
-    """Rank 0's async all-reduce while rank 1 arrives a second late: was its Work already
-    completed when the call returned?"""
-    import time
+def _running_all_reduce_after(seen_id):
+    """Whether this rank's flight recorder shows an all-reduce begun after operation
+    ``seen_id`` and still running."""
+    import pycomm
 
+    return any(e["id"] > seen_id and e["collective"] == "allreduce" and e["state"] == "running"
+               for e in pycomm.flight_recorder()["entries"])
+
+
+def eager_world(rank, ws, nbytes, expect_done):
+    """Rank 0's async all-reduce while rank 1 holds back: was its Work already completed
+    when the call returned, and had rank 1 joined it by then?
+
+    Rank 1 joins only once rank 0 could not have seen the all-reduce finished on a worker
+    thread before its check (it never waits a fixed time). Where the call should return at
+    once (expect_done False): once rank 0 has looked at is_completed(). Where it should run
+    on the calling thread (expect_done True), rank 0 cannot look before rank 1 joins: then
+    once rank 0's flight recorder shows the all-reduce running, the call not yet returned.
+    Either way rank 0 says "go" through the store after its look, and rank 1 marks its
+    arrival in the store before it joins: rank 0 reads that mark right after the call
+    returned, so a call that returned completed must also have waited for rank 1."""
+    import threading
+
+    import pycomm
+
+    store = dist.distributed_c10d._get_default_store()
     t = torch.ones(nbytes // 4)
     if rank == 1:
-        time.sleep(1.0)
+        store.wait(["go"], datetime.timedelta(seconds=60))
+        store.set("rank 1 joins", "1")
+        dist.all_reduce(t, async_op=True).wait()
+        return None
+    watcher, returned = None, threading.Event()
+    if expect_done:
+        seen = max((e["id"] for e in pycomm.flight_recorder()["entries"]), default=0)
+
+        def go_once_running():
+            while not returned.is_set():
+                if _running_all_reduce_after(seen):
+                    store.set("go", "1")
+                    return
+                returned.wait(0.001)  # the look's period, not a delay
+
+        watcher = threading.Thread(target=go_once_running)
+        watcher.start()
     w = dist.all_reduce(t, async_op=True)
     done_on_return = w.is_completed()
+    returned.set()
+    if watcher is not None:
+        watcher.join()  # before this thread uses the store
+    joined_before_return = store.check(["rank 1 joins"])
+    store.set("go", "1")
     w.wait()
-    return done_on_return, bool((t == ws).all())
+    return done_on_return, joined_before_return, bool((t == ws).all())
 
 
 @pytest.mark.parametrize("eager_bytes,nbytes,done", [
@@ -368,5 +410,5 @@ def eager_world(rank, ws, nbytes):
 def test_small_async_collectives_run_eagerly(eager_bytes, nbytes, done):
     if is_gloo():
         pytest.skip("PYCOMM_EAGER_BYTES is a pycomm knob")
-    results = run_world(eager_world, 2, args=(nbytes,), env={"PYCOMM_EAGER_BYTES": eager_bytes}, timeout=120)
-    assert results[0] == (done, True), results
+    results = run_world(eager_world, 2, args=(nbytes, done), env={"PYCOMM_EAGER_BYTES": eager_bytes}, timeout=120)
+    assert results[0] == (done, done, True), results

@@ -356,6 +356,10 @@ def test_ranks_differing_in_a_shared_knob_fail_at_group_creation_naming_it():
             rank, r["elapsed"])
 
 
+RANK0_CHECKED = "rank 0 checked"
+PEER_EXIT_WORLD_S = 120
+
+
 def peer_exits_before_connecting_world(rank, ws, passed_dir):
     """Over TCP a rank connects at creation only to the ranks at power-of-two ring distances:
     at 8 ranks, rank 3 and rank 0 have no connection until an operation between them. Rank
@@ -364,6 +368,7 @@ def peer_exits_before_connecting_world(rank, ws, passed_dir):
     import os
     import signal
 
+    store = dist.distributed_c10d._get_default_store()
     dist.barrier()
     # Rank 3 dies once every rank has left the barrier: a socket closed with unread input
     # resets the connection, and could take the barrier's last frame from a slower rank.
@@ -374,18 +379,24 @@ def peer_exits_before_connecting_world(rank, ws, passed_dir):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     if rank != 0:
-        time.sleep(10)  # stays connected past rank 0's check, and takes no part in it
+        # Stays connected until rank 0 is done with its check, and takes no part in it:
+        # rank 0 says so through the store, whatever its outcome (its recv gives up at the
+        # group's timeout, within this wait's).
+        store.wait([RANK0_CHECKED], datetime.timedelta(seconds=PEER_EXIT_WORLD_S - 10))
         return None
     started = time.monotonic()
-    with pytest.raises(RuntimeError) as info:
-        dist.recv(torch.empty(4), src=3)
+    try:
+        with pytest.raises(RuntimeError) as info:
+            dist.recv(torch.empty(4), src=3)
+    finally:
+        store.set(RANK0_CHECKED, "1")
     return time.monotonic() - started, str(info.value)
 
 
 @pytest.mark.skipif(is_gloo(), reason="pycomm's failure detection")
 def test_peer_that_exits_before_the_pair_connected_fails_the_wait_at_once(tmp_path):
     results = run_world(peer_exits_before_connecting_world, 8, args=(str(tmp_path),), env={"PYCOMM_TRANSPORT": "tcp"},
-                        pg_timeout=60, timeout=120, expect_killed=(3,))
+                        pg_timeout=60, timeout=PEER_EXIT_WORLD_S, expect_killed=(3,))
     seconds, message = results[0]
     assert seconds < 10, (seconds, message)
     assert "rank 3" in message, message

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -122,6 +123,70 @@ struct Group {
 
   std::unique_ptr<Transport> connect(int rank) const { return make_tcp_transport(setup(rank)); }
 };
+
+// ---- Waits seen from outside. The abort and peer-exit tests must fail a wait that is
+// already asleep: a wait that starts after the failure throws it too, at once, and proves
+// nothing about being woken. The transport has no hook for "asleep in a wait"; the kernel
+// shows it: /proc/self/task/<tid>/syscall names the system call a thread is blocked in
+// ("running" while it runs). A TCP wait sleeps in poll() (a receive on a connected
+// channel: its socket and the abort eventfd) or in a futex wait with a timeout (the
+// channel's condition variable, kLivenessSlice at a time: a send, or a receive not yet
+// connected); a wait for the channel's mutex has no timeout and does not count.
+
+pid_t this_thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+// Whether thread `tid` of this process is asleep in one of a transport wait's calls now.
+bool asleep_in_wait(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/syscall", static_cast<int>(tid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  long nr = -1;
+  unsigned long arg[6] = {};
+  const int got = std::fscanf(f, "%ld %lx %lx %lx %lx %lx %lx", &nr, &arg[0], &arg[1], &arg[2], &arg[3], &arg[4],
+                              &arg[5]);
+  std::fclose(f);
+  if (got != 7) return false;  // running, or stopped outside a system call ("-1 sp pc")
+#ifdef SYS_poll
+  if (nr == SYS_poll) return true;
+#endif
+  if (nr == SYS_ppoll) return true;
+  return nr == SYS_futex && arg[3] != 0;  // its timeout
+}
+
+// One thread's wait, for another thread to act only once that wait sleeps. The waiter
+// calls enter() right before the call that must block and leave() once it returned.
+class WaitProbe {
+ public:
+  void enter() { tid_.store(this_thread_id()); }
+  void leave() { left_.store(true); }
+  // Returns true once the waiter sleeps in its wait; false, reporting a failure, when its
+  // call returned first or it was not asleep within `limit`.
+  bool await_asleep(const std::string& who, milliseconds limit) {
+    const auto until = Clock::now() + limit;
+    for (;;) {
+      if (left_.load()) {
+        report_failure(__FILE__, __LINE__, who + " returned before it slept in its wait");
+        return false;
+      }
+      const pid_t tid = tid_.load();
+      if (tid != 0 && asleep_in_wait(tid)) return true;
+      if (Clock::now() > until) {
+        report_failure(__FILE__, __LINE__, who + " never slept in its wait");
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // the look's period, not a delay
+    }
+  }
+
+ private:
+  std::atomic<pid_t> tid_{0};
+  std::atomic<bool> left_{false};
+};
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
 
 // Runs fn(rank) on one thread per rank; an exception escaping fn is a test failure.
 void run_ranks(int n, const std::function<void(int)>& fn) {
@@ -455,16 +520,21 @@ void test_timeout() {
 }
 
 // (5a) abort() on rank 0 fails the waits of every other rank promptly with its reason, and
-// every wait of rank 0 itself.
+// every wait of rank 0 itself. Rank 0 aborts once every other rank sleeps in its receive
+// from rank 0, so that the abort must wake them.
 void test_abort(int n) {
   Group g(n, 4096, 2);
   Barrier ready(n);
   const std::string reason = "test abort: disk on fire";
+  std::vector<WaitProbe> receives(n);
+  Clock::time_point aborted_at{};
+  std::vector<Clock::time_point> failed_at(n);
   run_ranks(n, [&](int r) {
     auto t = g.connect(r);
     ready.wait();
     if (r == 0) {
-      std::this_thread::sleep_for(milliseconds(200));
+      for (int p = 1; p < n; ++p) receives[p].await_asleep("rank " + std::to_string(p) + "'s receive", scaled(10000));
+      aborted_at = Clock::now();
       t->abort(reason);
       t->abort("a second abort is ignored");
       Error e = catch_error([&] { t->channel(1)->begin_recv(frame_header(1, 0, 0), Deadline::after(scaled(10000))); });
@@ -472,27 +542,36 @@ void test_abort(int n) {
       Error e2 = catch_error([&] { t->channel(n - 1)->begin_send(Deadline::after(scaled(10000))); });
       CHECK_MSG(e2.kind() == ErrorKind::PeerFailure && contains(e2.what(), reason), e2.what());
     } else {
-      const auto start = Clock::now();
+      receives[r].enter();
       Error e = catch_error([&] { t->channel(0)->begin_recv(frame_header(0, 0, 0), Deadline::after(scaled(20000))); });
-      const double took = seconds_since(start);
+      failed_at[r] = Clock::now();
+      receives[r].leave();
       CHECK_MSG(e.kind() == ErrorKind::PeerFailure, e.what());
       CHECK_MSG(contains(e.what(), reason) && contains(e.what(), g.ranks[0].describe() + " aborted"), e.what());
-      CHECK_MSG(took < 0.2 + 1.0 * slack(), std::to_string(took));
       // The failure is sticky.
       Error again = catch_error([&] { t->channel(0)->begin_send(Deadline::after(scaled(1000))); });
       CHECK_MSG(again.kind() == ErrorKind::PeerFailure && contains(again.what(), reason), again.what());
     }
     ready.wait();
   });
+  // Woken by the abort, and promptly.
+  for (int r = 1; r < n; ++r) {
+    const double late = seconds_between(aborted_at, failed_at[r]);
+    CHECK_MSG(late >= 0 && late < 1.0 * slack(), "rank " + std::to_string(r) + ": " + std::to_string(late) + " s");
+  }
 }
 
 // (5b) The reason also reaches a rank that is blocked sending to the aborting rank while
 // its own inbound slots from it are full (the Abort frame sits unread in the kernel).
+// Rank 0 aborts once rank 1 sleeps in a send: rank 0 reads nothing, so rank 1's frames
+// fill its slots and the kernel's buffers.
 void test_abort_reaches_blocked_sender() {
   const int depth = 2;
   Group g(2, 4096, depth);
   Barrier ready(2);
   const std::string reason = "test abort while the peer is blocked";
+  WaitProbe sends;
+  Clock::time_point aborted_at{}, failed_at{};
   run_ranks(2, [&](int r) {
     auto t = g.connect(r);
     Channel& ch = *t->channel(1 - r);
@@ -500,23 +579,26 @@ void test_abort_reaches_blocked_sender() {
     if (r == 0) {
       for (int i = 0; i < depth + 8; ++i) send_test_frame(ch, 0, 1, i, d);
       ready.wait();
-      std::this_thread::sleep_for(milliseconds(500));
+      sends.await_asleep("rank 1's send", scaled(10000));
+      aborted_at = Clock::now();
       t->abort(reason);
     } else {
       ready.wait();
-      Clock::time_point aborted_by = Clock::now() + milliseconds(500);
       size_t sent = 0;
+      sends.enter();
       Error e = catch_error([&] {
         for (; sent < 10000000; ++sent) send_test_frame(ch, 1, 0, sent, d);
       });
+      failed_at = Clock::now();
+      sends.leave();
       CHECK_MSG(e.kind() == ErrorKind::PeerFailure, e.what());
       CHECK_MSG(contains(e.what(), reason), e.what());
-      const double late = std::chrono::duration<double>(Clock::now() - aborted_by).count();
-      CHECK_MSG(late < 1.0 * slack(), std::to_string(late));
       // Frames that arrived before the abort are still there to read.
       CHECK(recv_test_frame(ch, 0, 1, 0, d));
     }
   });
+  const double late = seconds_between(aborted_at, failed_at);
+  CHECK_MSG(late >= 0 && late < 1.0 * slack(), std::to_string(late));
 }
 
 // (5c) A peer that goes away (here: destroys its transport without abort) fails the waits
@@ -550,21 +632,27 @@ void test_peer_gone() {
   });
 }
 
-// A rank blocked in begin_recv notices its peer closing while it waits.
+// A rank blocked in begin_recv notices its peer closing while it waits: rank 2 leaves
+// once ranks 0 and 1 sleep in their receives from it.
 void test_peer_gone_while_waiting() {
   Group g(3, 4096, 2);
   Barrier ready(3);
+  std::vector<WaitProbe> receives(3);
+  Clock::time_point gone_at{};
+  std::vector<Clock::time_point> failed_at(3);
   run_ranks(3, [&](int r) {
     auto t = g.connect(r);
     ready.wait();
     if (r == 2) {
-      std::this_thread::sleep_for(milliseconds(200));
+      for (int p = 0; p < 2; ++p) receives[p].await_asleep("rank " + std::to_string(p) + "'s receive", scaled(10000));
+      gone_at = Clock::now();
       t.reset();
     } else {
-      const auto start = Clock::now();
+      receives[r].enter();
       Error e = catch_error([&] { t->channel(2)->begin_recv(frame_header(2, 0, 0), Deadline::after(scaled(20000))); });
+      failed_at[r] = Clock::now();
+      receives[r].leave();
       CHECK_MSG(e.kind() == ErrorKind::PeerFailure && contains(e.what(), g.ranks[2].describe() + " lost"), e.what());
-      CHECK_MSG(seconds_since(start) < 0.2 + 1.0 * slack(), std::to_string(seconds_since(start)));
       // The channel between the survivors still works.
       Channel& other = *t->channel(1 - r);
       const Deadline d = Deadline::after(scaled(10000));
@@ -572,6 +660,11 @@ void test_peer_gone_while_waiting() {
       CHECK(recv_test_frame(other, 1 - r, r, 0, d));
     }
   });
+  // Woken by the peer's leaving, and promptly.
+  for (int r = 0; r < 2; ++r) {
+    const double late = seconds_between(gone_at, failed_at[r]);
+    CHECK_MSG(late >= 0 && late < 1.0 * slack(), "rank " + std::to_string(r) + ": " + std::to_string(late) + " s");
+  }
 }
 
 // The handshake as a stranger would send it (mirrors the wire format in tcp.cc).
