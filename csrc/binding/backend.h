@@ -84,6 +84,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // null, the group's defaults for `c`.
   Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
                   const CallOptions* options = nullptr) const;
+  // A broadcast's or reduce's request, in place on `t` (copied back where it is strided).
+  Request rooted_in_place(Launch& l, Collective c, const at::Tensor& t, int64_t root, std::chrono::milliseconds timeout);
   void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
   void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);

@@ -113,28 +113,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vect
   return launch(c10d::OpType::ALLREDUCE_COALESCED, "pycomm:all_reduce_coalesced", std::move(l), !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  const at::Tensor& t = single(tensors, "broadcast");
-  Launch l;
+Request ProcessGroupPycomm::rooted_in_place(Launch& l, Collective c, const at::Tensor& t, int64_t root,
+                                            std::chrono::milliseconds timeout) {
   at::Tensor buf = l.out(t);
-  Request rq = request(Collective::Broadcast, t, opts.timeout);
+  Request rq = request(c, t, timeout);
   rq.input = rq.output = buf.data_ptr();
   rq.count = buf.numel();
-  rq.root = static_cast<int>(opts.rootRank);
-  l.requests.push_back(rq);
+  rq.root = static_cast<int>(root);
+  return rq;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  Launch l;
+  l.requests.push_back(rooted_in_place(l, Collective::Broadcast, single(tensors, "broadcast"), opts.rootRank, opts.timeout));
   l.result = tensors;
   return launch(c10d::OpType::BROADCAST, "pycomm:broadcast", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  const at::Tensor& t = single(tensors, "reduce");
   Launch l;
-  at::Tensor buf = l.out(t);
-  Request rq = request(Collective::Reduce, t, opts.timeout);
+  Request rq = rooted_in_place(l, Collective::Reduce, single(tensors, "reduce"), opts.rootRank, opts.timeout);
   rq.reduction = to_core(opts.reduceOp);
-  rq.input = rq.output = buf.data_ptr();
-  rq.count = buf.numel();
-  rq.root = static_cast<int>(opts.rootRank);
   l.requests.push_back(rq);
   l.result = tensors;
   return launch(c10d::OpType::REDUCE, "pycomm:reduce", std::move(l), !opts.asyncOp);
