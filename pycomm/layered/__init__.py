@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from . import _C
+from .. import _C
 
 Form, Stage = _C.Form, _C.Stage
 # torch 2.13 renamed all_gather_into_tensor (still there, deprecated) to all_gather_single.
@@ -135,7 +135,7 @@ def kernels_for(device):
 def _triton_fold(need):
     """The Triton kernels' fold; a ValueError that says ``need`` where triton is missing."""
     try:
-        from . import triton_kernels
+        from .. import triton_kernels
     except ImportError as e:
         raise ValueError(f"pycomm: {need}, and triton cannot be imported ({e}); install it, e.g. "
                          "pip install 'pycomm[triton]'") from e
