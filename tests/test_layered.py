@@ -270,10 +270,10 @@ def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
     bits of one fold. Exact mode's sums, which cannot be sliced, run on the Triton kernel
     instead: where ``exact_on_triton`` (interpreted here, so a few cases: float32,
     bfloat16 and float64, SUM and AVG, uncoded and fp8) the same bits too."""
-    from pycomm import layered
+    from pycomm.layered import call  # whose _Call reads terms_per_fold
 
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
-    whole_fold = layered.terms_per_fold
+    whole_fold = call.terms_per_fold
     differ = []
     for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
         exact_sum = mode == "exact" and dtype.is_floating_point and op in ("SUM", "AVG", "PREMUL_SUM") \
@@ -283,11 +283,11 @@ def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
             continue
         x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
         whole = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
-        layered.terms_per_fold = lambda kernel, device: width
+        call.terms_per_fold = lambda kernel, device: width
         try:
             sliced = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
         finally:
-            layered.terms_per_fold = whole_fold
+            call.terms_per_fold = whole_fold
         if not (whole[0] == sliced[0] == "ok" and torch.equal(whole[1], sliced[1])):
             differ.append((collective, str(dtype), op, count, codec, mode, str(whole)[:200], str(sliced)[:200]))
     return differ

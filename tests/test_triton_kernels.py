@@ -323,9 +323,9 @@ def layered_on_triton_world(rank, ws):
     """The layered path over gloo with the Triton kernels (interpreted) in place of the
     CPU ops: the native path's bits."""
     import pycomm
-    from pycomm import layered
+    from pycomm.layered import call  # whose _Call reads kernels_for
 
-    layered.kernels_for = lambda device: triton_kernels.fold
+    call.kernels_for = lambda device: triton_kernels.fold
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     problems = []
     for i, (dtype, codec, mode) in enumerate([(torch.float32, None, "exact"), (torch.bfloat16, "fp8_e4m3", True),
