@@ -202,7 +202,7 @@ def _hierarchical_part(call, flat, shards, start, q, index):
     4. within the host, every piece gathered to every rank."""
     host_team, column_team = call.host_team, call.column_team
     L, N, local, host = host_team.size(), column_team.size(), host_team.rank(), column_team.rank()
-    es, device = flat.element_size(), flat.device
+    es = flat.element_size()
     pieces = [(shards[l] + min(start, shards[l + 1] - shards[l]), shards[l] + min(start + q, shards[l + 1] - shards[l]))
               for l in range(L)]
     lengths = [b - a for a, b in pieces]
