@@ -12,7 +12,7 @@ across them. Each rank times float32 SUM all-reduce of --size bytes through
 pycomm.all_reduce(t, algorithm=A, compression=C) for every variant A[+C] of --algorithms
 (or dist.all_reduce on a gloo group for "gloo", and pycomm.all_reduce(t, group=<that gloo
 group>, compression=C) for "layered[+C]": pycomm's layered path with gloo moving the
-bytes, pycomm/layered.py, its algorithm the plan's choice, or named: "layered-direct",
+bytes, pycomm/layered/, its algorithm the plan's choice, or named: "layered-direct",
 "layered-hierarchical"): one warm-up call each,
 then --repeats rounds, the algorithms interleaved within each round, a barrier on a gloo
 group before every timed call. A call's time is the slowest rank's; the median over the

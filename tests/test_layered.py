@@ -1,4 +1,4 @@
-"""The layered path (pycomm/layered.py): pycomm's reductions over a group of another
+"""The layered path (pycomm/layered/): pycomm's reductions over a group of another
 backend, here gloo as the mover. What it must show: bits equal to the native path's for
 the same inputs, world size and options; exact mode independent of the world size; the
 same options and errors as the native path; observability; a failing mover failing the

@@ -1,4 +1,4 @@
-// The steps of the layered path (pycomm/layered.py), which runs pycomm's all-reduce,
+// The steps of the layered path (pycomm/layered/), which runs pycomm's all-reduce,
 // reduce-scatter and all-gather over a group whose backend is not pycomm (nccl, gloo,
 // mpi, ...), that group only moving bytes. Each step is the native path's own definition,
 // so both paths give the same bits:

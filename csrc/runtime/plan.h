@@ -76,7 +76,7 @@ bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why =
 
 namespace pycomm {
 
-// ---- The layered path's plan (pycomm/layered.py) ----
+// ---- The layered path's plan (pycomm/layered/) ----
 // Over a group of another backend (the mover), pycomm's all-reduce runs as
 //   layered-direct: one all-to-all of every rank's segments, the owner's fold, one
 //     all-gather of the results (2 collectives);

@@ -17,7 +17,7 @@ timing reductions. Without options a backend is called through ``torch.distribut
 ..., algorithm=...)``), which takes the same arguments plus the options and exists for
 all-reduce, reduce-scatter and all-gather only.
 
-``pycomm-over:MOVER`` is pycomm's layered path (pycomm/layered.py): its group is a group
+``pycomm-over:MOVER`` is pycomm's layered path (pycomm/layered/): its group is a group
 of the mover's backend (``dist.new_group(backend="gloo")`` for ``pycomm-over:gloo``; the
 mover is a kind of this table with a torch backend other than pycomm, and its device is
 the mover's), and every call goes through pycomm's direct API on that group, options or
