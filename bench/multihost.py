@@ -126,13 +126,14 @@ class LayeredPhases:
     """Seconds this rank spends in each step of the layered calls since ``reset()``: the
     mover's collectives (``_Call.move``: all_to_all_single, the all-gather) and pycomm's
     CPU work (``_Call.fold``: encode, fold, fold+encode, decode), timed by wrapping the
-    two methods of pycomm.layered._Call in this process."""
+    two methods of pycomm.layered.call._Call in this process."""
 
     def __init__(self):
         from pycomm import layered
+        from pycomm.layered.call import _Call
 
         self.spent = {}
-        move, fold = layered._Call.move, layered._Call.fold
+        move, fold = _Call.move, _Call.fold
         Form, Stage = layered.Form, layered.Stage
 
         def timed_move(call, what, *args, **kw):
@@ -157,7 +158,7 @@ class LayeredPhases:
                     phase = "fold"
                 self.add(phase, start)
 
-        layered._Call.move, layered._Call.fold = timed_move, timed_fold
+        _Call.move, _Call.fold = timed_move, timed_fold
 
     def add(self, phase, start):
         self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start

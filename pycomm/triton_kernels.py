@@ -414,8 +414,9 @@ def _exact_sum64(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr,
             q = _scaled(tl.where(kind == 0, v, 0.0), 110 - exponent)  # |q| < 2^110
             q = tl.where(tl.abs(q) < 4503599627370496.0, (q + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER, q)
             # |q| as two words: its bits below 2^64 are some of its 53 (exact), then negated.
-            q_high = tl.floor(tl.abs(q) * 5.421010862427522e-20)  # |q| / 2^64, rounded down: exact
-            q_low = (tl.abs(q) - q_high * 18446744073709551616.0).to(tl.uint64)
+            magnitude = tl.abs(q)
+            q_high = tl.floor(magnitude * 5.421010862427522e-20)  # |q| / 2^64, rounded down: exact
+            q_low = (magnitude - q_high * 18446744073709551616.0).to(tl.uint64)
             q_high = q_high.to(tl.int64)
             q_low, q_high = tl.where(q < 0, ~q_low + 1, q_low), tl.where(q < 0, -q_high - (q_low != 0), q_high)
             low += q_low

@@ -392,7 +392,7 @@ def mover_fails_world(rank, ws, how):
 
 @pytest.mark.parametrize("how", ["killed", "late"])
 def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
-    from pycomm import layered
+    from pycomm.layered.mover import _ALL_GATHER
 
     results = run_world(mover_fails_world, 3, args=(how,), timeout=120,
                         expect_killed=(2,) if how == "killed" else ())
@@ -400,7 +400,7 @@ def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
         message, failures, flight_recorder = results[rank]
         assert message.startswith(f"pycomm: allreduce #2 ({OVER_GLOO} over gloo) on group "), message
         assert flight_recorder == [(1, "completed"), (2, "failed")], flight_recorder  # written as it failed
-        assert f"failed on rank {rank}: {layered._ALL_GATHER}: " in message, message  # the stamps' gather
+        assert f"failed on rank {rank}: {_ALL_GATHER}: " in message, message  # the stamps' gather
         assert how == "killed" or "timed out" in message.lower() or "timeout" in message.lower(), message
         assert failures == 1
 

@@ -145,9 +145,10 @@ def measure(cfg, coll, comms, control, size, dtype, op, in_place, rank, world, a
                                   dtype, op, prepared[0].nbytes)
     accuracy = [dict(wrong=-1, relerr=None, hash=None, ranks_match=None,
                      repeats_match=None) for _ in comms]
+    is_collective = [BACKENDS[comm.spec.kind].collective for comm in comms]  # else a yardstick: unchecked, factor 1
     if cfg.check:
-        for comm, p, acc in zip(comms, prepared, accuracy):
-            if not BACKENDS[comm.spec.kind].collective:
+        for comm, p, acc, checked in zip(comms, prepared, accuracy, is_collective):
+            if not checked:
                 continue
             at("%s: check %s" % (where, comm.label))
             acc.update(_accuracy(p, coll, control, world))
@@ -165,7 +166,7 @@ def measure(cfg, coll, comms, control, size, dtype, op, in_place, rank, world, a
             calls[i].append(call_s)
     return [dict(backend=comm.label, collective=coll.name, inplace=in_place, dtype=dtype,
                  op=op, bytes=p.nbytes, count=p.count, mode=cfg.mode, iters=n, warmup=w,
-                 busbw_factor=coll.busbw_factor(world) if BACKENDS[comm.spec.kind].collective else 1.0,
+                 busbw_factor=coll.busbw_factor(world) if is_collective[i] else 1.0,
                  loop_s=loops[i],
                  call_s=calls[i] if cfg.mode == "blocking" else None, **accuracy[i])
             for i, (comm, p) in enumerate(zip(comms, prepared))]

@@ -65,12 +65,9 @@ Layout, one job per module, none importing a module listed after it:
                  ``all_gather_into_tensor``.
 """
 from .algorithms import Form, Stage, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from .call import _Call
 from .folds import PARTIAL_DTYPES, kernels_for
-from .mover import _ALL_GATHER
 from .record import record_of
 
-# What the rest of pycomm uses (the direct API and its stats, the Triton kernels), and the
-# bench (bench/multihost.py times _Call's steps) and the tests.
+# What the rest of pycomm uses (the direct API and its stats, the Triton kernels).
 __all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "record_of", "kernels_for",
-           "PARTIAL_DTYPES", "Form", "Stage", "_Call", "_ALL_GATHER"]
+           "PARTIAL_DTYPES", "Form", "Stage"]
