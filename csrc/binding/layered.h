@@ -3,7 +3,7 @@
 // mpi, ...), that group only moving bytes. Each step is the native path's own definition,
 // so both paths give the same bits:
 //   layered_options  the options a call runs with, by the native path's rules;
-//   layered_plan     which layered algorithm runs it, in how many parts (runtime/plan.h);
+//   layered_plan     which layered algorithm runs it, in how many parts (runtime/layered_plan.h);
 //   segment_begins   how a buffer splits over the ranks (Segments, algorithm.h);
 //   fold             DeviceOps::reduce_terms on tensors, on their device;
 //   LayeredRecorder  the record of the operations, as a pycomm group keeps its own.
@@ -22,7 +22,7 @@
 
 #include "core/config.h"
 #include "device/device_ops.h"
-#include "runtime/plan.h"
+#include "runtime/layered_plan.h"
 #include "runtime/recorder.h"
 
 namespace pycomm {

@@ -11,6 +11,7 @@
 #include "binding/tables.h"
 #include "binding/work.h"
 #include "runtime/device_runtime.h"
+#include "runtime/layered_plan.h"
 #include "runtime/plan.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"

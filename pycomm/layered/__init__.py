@@ -2,7 +2,7 @@
 backend is not pycomm (nccl, gloo, mpi, any registered backend).
 
 That group, the *mover*, only moves bytes; pycomm reduces. The plan (``_C.layered_plan``,
-csrc/runtime/plan.h) picks the algorithm and the number of parts a large all-reduce is
+csrc/runtime/layered_plan.h) picks the algorithm and the number of parts a large all-reduce is
 pipelined in. The direct algorithm (``layered-direct``) is the native twoshot, with the
 mover's collectives in place of pycomm's transports:
 
