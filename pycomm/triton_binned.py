@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import _ROUND_TO_INTEGER, _TILE, _bf16_bits, _half_bits
+from .triton_kernels import _ROUND_TO_INTEGER, _TILE
+from .triton_numerics import _bf16_bits, _half_bits
 
 _OUT_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
