@@ -327,15 +327,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::p2p(Collective c, std::vector
   const bool sending = c == Collective::Send;
   const at::Tensor& t = single(tensors, name_of(c));
   Launch l;
-  // CUDA tensors travel through host memory: a pair has no device channel of its own
-  // (device channels are set up by collectives, which every rank joins).
-  const at::Tensor host = t.is_cuda() ? (sending ? t.to(at::kCPU) : at::empty_like(t, t.options().device(at::kCPU))) : t;
-  Request rq = request(c, host, c10d::kUnsetTimeout);
+  // A CUDA tensor is passed as collectives pass theirs; the plan moves its bytes (p2p-via-host).
+  Request rq = request(c, t, c10d::kUnsetTimeout);
   rq.root = peer;
   rq.tag = tag;
-  if (sending) rq.input = l.in(host).data_ptr();
-  else rq.output = l.out(host).data_ptr();
-  if (!sending && t.is_cuda()) l.after.push_back([t, host]() mutable { t.copy_(host); });
+  if (sending) rq.input = l.in(t).data_ptr();
+  else rq.output = l.out(t).data_ptr();
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;
