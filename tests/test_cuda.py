@@ -8,6 +8,8 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
 * collectives on CUDA tensors (2 and 4 ranks on one GPU) give the right values, through
   torch.distributed and the direct API, for every collective, and on a group shrunk to
   its survivors;
+* point-to-point on CUDA tensors runs over the host channels (p2p-via-host), between CUDA
+  ranks and with a CPU rank, from a named or any source, strided, stream-ordered;
 * the same all-reduce on CUDA and on CPU copies of the inputs, in the same processes,
   gives identical bits in both deterministic modes, with and without compression, for
   every algorithm; also with the CUDA frames staged through TCP and with 2 nodes of 2;
@@ -229,6 +231,76 @@ def shrink_on_cuda(rank, ws):
 
 def test_shrink_group_on_cuda():
     for problems in run_world(shrink_on_cuda, 3, timeout=120):
+        assert not problems, problems
+
+
+def p2p_on_cuda(rank, ws):
+    """Ranks 0 and 1 send and receive CUDA tensors, rank 2 CPU tensors: every pair both
+    ways (several frames; a strided tensor sent and received), a recv from any source on
+    CUDA memory, and an input written by a slow kernel on the caller's stream. The bits
+    arrive as sent; Work.algorithm and pycomm.stats() name p2p-via-host on CUDA tensors,
+    p2p on CPU tensors."""
+    import pycomm
+
+    dev = torch.device("cuda", 0) if rank < 2 else torch.device("cpu")
+    label = "p2p-via-host" if rank < 2 else "p2p"
+    n = 300_001  # more than the shared-memory slots hold: the sender waits for the receiver
+    problems = []
+
+    def message(src, tag):
+        return (torch.arange(2 * n, dtype=torch.float32) % 251 + 1000 * src + tag).to(dev)
+
+    def check(name, got, want, work):
+        if not torch.equal(got.cpu(), want.cpu()):
+            problems.append("%s: got %s, want %s" % (name, got.cpu()[:4].tolist(), want.cpu()[:4].tolist()))
+        if work.algorithm != label:
+            problems.append("%s: Work.algorithm %s, expected %s" % (name, work.algorithm, label))
+
+    for src, dst in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)]:
+        name = "%d -> %d" % (src, dst)
+        if rank == src:
+            sent = message(src, 1)
+            work = dist.isend(sent[::2], dst, tag=1)
+            work.wait()
+            check(name + " (sent)", sent, message(src, 1), work)
+        elif rank == dst:
+            got = torch.zeros(2 * n, device=dev)
+            work = dist.irecv(got[::2], src, tag=1)
+            work.wait()
+            want = torch.zeros(2 * n, device=dev)
+            want[::2] = message(src, 1)[::2]
+            check(name, got, want, work)
+    if rank == 0:
+        sources = set()
+        for _ in range(ws - 1):
+            got = torch.empty(n, device=dev)
+            work = dist.irecv(got, tag=5)
+            work.wait()
+            src = work._source_rank()
+            sources.add(src)
+            check("any source (from %d)" % src, got, message(src, 5)[:n], work)
+        if sources != {1, 2}:
+            problems.append("received from any source from %s" % sorted(sources))
+    else:
+        side = torch.cuda.Stream() if dev.type == "cuda" else None
+        with torch.cuda.stream(side):
+            sent = torch.zeros(n, device=dev)
+            if side is not None:
+                torch.cuda._sleep(50_000_000)  # ~20+ ms of GPU time before the write below
+            sent.copy_(message(rank, 5)[:n])
+            work = dist.isend(sent, 0, tag=5)
+        work.wait()
+        check("send to any source", sent, message(rank, 5)[:n], work)
+    stats = pycomm.stats()["collectives"]
+    for collective in ("send", "recv"):
+        if set(stats.get(collective, {})) != {label}:
+            problems.append("stats of %s: %s, expected only %s" % (collective, stats.get(collective), label))
+    return problems
+
+
+@pytest.mark.parametrize("env", [{}, {"PYCOMM_TRANSPORT": "tcp"}], ids=["shm", "tcp"])
+def test_p2p_on_cuda_over_host_channels(env):
+    for problems in run_world(p2p_on_cuda, 3, env=env, timeout=240):
         assert not problems, problems
 
 

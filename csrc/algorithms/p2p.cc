@@ -1,6 +1,8 @@
 // Point-to-point send and recv (see p2p.h for the matching rules). A send completes once
 // its last frame is in a slot (at most pipeline_depth frames are buffered); larger
-// messages wait for the receiver. Transports: any.
+// messages wait for the receiver. Transports: any. The application's buffers are cx.ops'
+// memory and are touched by cx.ops alone; the channels' slots and the held messages are
+// host memory.
 #include "algorithms/p2p.h"
 
 #include <algorithm>
@@ -80,7 +82,7 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
     check_matches(first->stamp, mine, peer);
     sent = first->stamp;
     got = first->got;
-    std::memcpy(out, first->data.data(), got);
+    cx.ops->copy(out, first->data.data(), got);
     held_bytes_ -= first->data.size();
     held_.erase(first);  // if incomplete, it was the last held: its rest comes next
   } else {

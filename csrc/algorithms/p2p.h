@@ -10,7 +10,15 @@
 // application's promise to take the message). So messages of one tag arrive in send
 // order, and the slots never hold a message hostage.
 // A message matched to a recv must have its count and dtype; anything else (a frame of a
-// collective, another size) is a Mismatch error naming both sides' operations.
+// collective, another size) is a Mismatch error naming both sides' operations. The
+// stamp's variant is not matched: it says how the sender's side ran (p2p, p2p-via-host).
+//
+// Buffers in a device's memory (the plan's p2p-via-host) travel over the same host
+// channels: the context's ops are the device's, and they copy each frame between the
+// buffer and the channel's slot (device to host straight into the send slot, host to
+// device straight out of the received frame or the held message), so the binding stages
+// nothing. A pair has no device channel: those are set up by a collective that every
+// rank joins, which a send cannot make its peers do.
 #pragma once
 
 #include <cstddef>

@@ -16,6 +16,19 @@ int p2p_lane(int peer, bool send, int size) {
   return peer == kAnySource ? 2 * size : 2 * peer + (send ? 1 : 0);
 }
 
+// A coalesced call's Launch (`op` names it in errors): a request per (output, input) pair,
+// each added by `add`; its result is the outputs.
+template <class Add>
+Launch coalesced_launch(const char* op, const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                        Add add) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: ", op, ": ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+  Launch l;
+  for (size_t i = 0; i < inputs.size(); ++i) add(l, outputs[i], inputs[i]);
+  l.result = outputs;
+  return l;
+}
+
 }  // namespace
 
 void ProcessGroupPycomm::add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op,
@@ -191,12 +204,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_coalesced(std::vect
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
                                                                                    const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: allgather_into_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
-  Launch l;
-  for (size_t i = 0; i < inputs.size(); ++i) add_allgather(l, outputs[i], inputs[i], opts.timeout, config("allgather").options_for(Collective::AllGather));
-  l.result = outputs;
-  return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(l), !opts.asyncOp);
+  const CallOptions options = config("allgather").options_for(Collective::AllGather);
+  Launch pairs = coalesced_launch("allgather_into_tensor_coalesced", outputs, inputs,
+                                  [&](Launch& l, const at::Tensor& out, const at::Tensor& in) {
+                                    add_allgather(l, out, in, opts.timeout, options);
+                                  });
+  return launch(c10d::OpType::COALESCED, "pycomm:all_gather_into_tensor_coalesced", std::move(pairs), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -256,13 +269,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                    std::vector<at::Tensor>& inputs,
                                                                                    const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "pycomm: reduce_scatter_tensor_coalesced: ", outputs.size(),
-                    " outputs for ", inputs.size(), " inputs");
-  Launch l;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    add_reduce_scatter(l, outputs[i], inputs[i], opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
-  l.result = outputs;
-  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter_tensor_coalesced", std::move(l), !opts.asyncOp);
+  const CallOptions options = config("reduce_scatter").options_for(Collective::ReduceScatter);
+  Launch pairs = coalesced_launch("reduce_scatter_tensor_coalesced", outputs, inputs,
+                                  [&](Launch& l, const at::Tensor& out, const at::Tensor& in) {
+                                    add_reduce_scatter(l, out, in, opts.reduceOp, opts.timeout, options);
+                                  });
+  return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter_tensor_coalesced", std::move(pairs),
+                !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -327,15 +340,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::p2p(Collective c, std::vector
   const bool sending = c == Collective::Send;
   const at::Tensor& t = single(tensors, name_of(c));
   Launch l;
-  // CUDA tensors travel through host memory: a pair has no device channel of its own
-  // (device channels are set up by collectives, which every rank joins).
-  const at::Tensor host = t.is_cuda() ? (sending ? t.to(at::kCPU) : at::empty_like(t, t.options().device(at::kCPU))) : t;
-  Request rq = request(c, host, c10d::kUnsetTimeout);
+  // A CUDA tensor is passed as collectives pass theirs; the plan moves its bytes (p2p-via-host).
+  Request rq = request(c, t, c10d::kUnsetTimeout);
   rq.root = peer;
   rq.tag = tag;
-  if (sending) rq.input = l.in(host).data_ptr();
-  else rq.output = l.out(host).data_ptr();
-  if (!sending && t.is_cuda()) l.after.push_back([t, host]() mutable { t.copy_(host); });
+  if (sending) rq.input = l.in(t).data_ptr();
+  else rq.output = l.out(t).data_ptr();
   rq.count = t.numel();
   l.requests.push_back(rq);
   l.result = tensors;

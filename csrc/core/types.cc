@@ -70,7 +70,7 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::LayeredDirect, "layered-direct"},
       {Variant::LayeredDirectAllToAllGather, "layered-direct+a2a-gather"},
       {Variant::LayeredDirectHostGather, "layered-direct+host-gather"},
-      {Variant::LayeredHierarchical, "layered-hierarchical"}}};
+      {Variant::LayeredHierarchical, "layered-hierarchical"}, {Variant::P2PViaHost, "p2p-via-host"}}};
   return t;
 }
 

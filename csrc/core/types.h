@@ -102,7 +102,9 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 // reduce-scatter and a ring all-gather, "direct+ring"; the reduce-scatter asked for as
 // "oneshot", or as "ring" in those modes, is "direct"; the tree family's all-reduce is
 // "recursive-doubling" where latency-bound, "tree" (double binary) where it pipelines;
-// its reduce-scatter is "recursive-halving", its all-gather "bruck".
+// its reduce-scatter is "recursive-halving", its all-gather "bruck". Point-to-point is
+// "p2p", and "p2p-via-host" on device memory (its frames copied between that memory and
+// the host channels' slots).
 enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
   Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
@@ -110,6 +112,7 @@ enum class Variant : uint8_t {
   // algorithm, the same with its results gathered by an all-to-all, or across hosts then
   // within them, and its hierarchical one (within hosts, then across them).
   LayeredDirect, LayeredDirectAllToAllGather, LayeredDirectHostGather, LayeredHierarchical,
+  P2PViaHost,
 };
 
 // Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what

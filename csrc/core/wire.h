@@ -19,7 +19,8 @@ struct OpStamp {
   uint8_t collective = 0; // Collective
   uint8_t dtype = 0;      // DataType
   uint8_t reduce = 0;     // ReduceKind
-  uint8_t variant = 0;    // Variant planned for it: ranks that planned differently fail fast
+  uint8_t variant = 0;    // Variant planned for it: ranks that planned a collective differently
+                          // fail fast; p2p: the sender's own, not matched (algorithms/p2p.h)
   int32_t root = 0;       // root rank or p2p tag
   uint8_t compression = 0;       // Compression on the wire
   uint8_t compression_block = 0; // log2 of its block

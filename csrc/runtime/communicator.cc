@@ -266,11 +266,10 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
     cx.inbox->started(rq.tag);
   }
   if (rq.device >= 0) {
-    // The plan depends on the device's team, which the first operation on the device sets up.
+    // The plan depends on the device's team, which the first collective on the device sets up.
     if (poisoned()) fail_poisoned(name_of(rq.collective));
-    DevicePath* d = nullptr;
     try {
-      d = &device_path(rq.device);
+      use_device(cx, rq);
     } catch (const Error& e) {
       const std::string what = "pycomm: " + std::string(name_of(rq.collective)) + " on group '" + group_name_ +
                                "' failed on rank " + std::to_string(rank_) + ": setting up cuda:" +
@@ -278,11 +277,6 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
       abort(what);
       throw Error(e.kind(), what);
     }
-    cx.ops = d->ops.get();
-    cx.channels = &d->channels;
-    cx.chunk_bytes = d->chunk_bytes;
-    cx.workspace = &d->workspace;
-    cx.device_team = d->team.get();
   }
   const Plan plan = planned && rq.device < 0 ? *planned
                                              : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);

@@ -117,20 +117,28 @@ class Communicator final : private SenderMatch {
   // The stamp's operation as a log line: "group 'g': allreduce #3 (...)".
   std::string operation_line(const OpStamp& stamp) const;
 
-  // What operations on one CUDA device's memory run with: its ops, channels (CUDA IPC to
+  // What collectives on one CUDA device's memory run with: its ops, channels (CUDA IPC to
   // ranks of this host, staged through the host channels to the others) and scratch.
   // Made by the first collective on that device's tensors, which every rank reaches.
   struct DevicePath {
-    std::unique_ptr<DeviceOps> ops;                // first: everything below uses it
+    const DeviceOps& ops;                          // device_ops(): outlives the path
     std::unique_ptr<Transport> ipc;                // to ranks of this host; null: none
     std::vector<std::unique_ptr<Channel>> staged;  // to the others, over the host channels
     std::vector<Channel*> channels;                // by group rank; null for self
     std::unique_ptr<DeviceTeam> team;              // the whole group on this host; null: none
     size_t chunk_bytes = 0;
     Workspace workspace;
-    explicit DevicePath(std::unique_ptr<DeviceOps> o) : ops(std::move(o)), workspace(*ops) {}
+    explicit DevicePath(const DeviceOps& o) : ops(o), workspace(o) {}
   };
-  DevicePath& device_path(int device);  // device_path.cc
+  // Points `cx` at the memory of rq.device: collectives at the device's path,
+  // point-to-point at its ops over the host channels (see algorithms/p2p.h). Throws what
+  // setting them up throws.
+  void use_device(Context& cx, const Request& rq);  // device_path.cc
+  DevicePath& device_path(int device);              // device_path.cc
+  // The ops on `device`'s memory, made by this rank alone on first use: a point-to-point
+  // operation, which its peers need not join, may be the first. Any thread: p2p lanes run
+  // at once, and share them.
+  const DeviceOps& device_ops(int device);  // device_path.cc
   void abort_transports(const std::string& reason) const;  // host and device, any thread
 
   int rank_, size_;
@@ -165,7 +173,8 @@ class Communicator final : private SenderMatch {
   std::unique_ptr<FrameTrace> frame_trace_;      // PYCOMM_DEBUG=TRACE; null otherwise
   Recorder recorder_;
   mutable Workspace workspace_{cpu_ops()};      // operations run one at a time
-  mutable std::mutex devices_mutex_;              // guards devices_ against abort()
+  mutable std::mutex devices_mutex_;              // guards device_ops_, and devices_ against abort()
+  std::map<int, std::unique_ptr<DeviceOps>> device_ops_;  // before devices_, whose paths use them
   std::map<int, std::unique_ptr<DevicePath>> devices_;
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_

@@ -1,11 +1,31 @@
 // The path of collectives on one CUDA device's memory: its ops, CUDA IPC channels to the
 // ranks of this host, frames staged through the host channels to the others, and the
-// device team where the whole group shares the host.
+// device team where the whole group shares the host. Point-to-point uses the ops alone.
 #include "core/error.h"
 #include "runtime/communicator.h"
 #include "runtime/device_runtime.h"
 
 namespace pycomm {
+
+void Communicator::use_device(Context& cx, const Request& rq) {
+  if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
+    cx.ops = &device_ops(rq.device);
+    return;
+  }
+  DevicePath& d = device_path(rq.device);
+  cx.ops = &d.ops;
+  cx.channels = &d.channels;
+  cx.chunk_bytes = d.chunk_bytes;
+  cx.workspace = &d.workspace;
+  cx.device_team = d.team.get();
+}
+
+const DeviceOps& Communicator::device_ops(int device) {
+  std::lock_guard<std::mutex> lock(devices_mutex_);
+  std::unique_ptr<DeviceOps>& ops = device_ops_[device];
+  if (!ops) ops = device_runtime().make_ops(device);
+  return *ops;
+}
 
 // Every rank makes its path in the same collective (its first on CUDA tensors), so the
 // store keys of the n-th path made in this group agree whichever device each rank uses.
@@ -16,7 +36,7 @@ Communicator::DevicePath& Communicator::device_path(int device) {
     if (it != devices_.end()) return *it->second;
   }
   const DeviceRuntime& runtime = device_runtime();
-  auto path = std::make_unique<DevicePath>(runtime.make_ops(device));
+  auto path = std::make_unique<DevicePath>(device_ops(device));
   TransportSetup setup;
   setup.store = store_;
   setup.key_prefix = prefix_ + "/device/" + std::to_string(devices_.size());
@@ -37,7 +57,7 @@ Communicator::DevicePath& Communicator::device_path(int device) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Channel* ipc = path->ipc ? path->ipc->channel(p) : nullptr;
-    if (!ipc) path->staged.push_back(make_staged_channel(*channels_[p], *path->ops));
+    if (!ipc) path->staged.push_back(make_staged_channel(*channels_[p], path->ops));
     path->channels[p] = ipc ? ipc : path->staged.back().get();
   }
   // The same on every rank: the smallest slot of any channel in the group.

@@ -16,7 +16,8 @@ class DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   virtual const char* name() const = 0;  // "cuda"
   // Ops on the memory of device `index`, on an internal stream of their own, complete
-  // when each call returns (the DeviceOps contract).
+  // when each call returns (the DeviceOps contract). Several threads may call them at
+  // once: a group's point-to-point lanes share its ops of a device.
   virtual std::unique_ptr<DeviceOps> make_ops(int index) const = 0;
   // DeviceOps::reduce_terms on device `index`'s memory, enqueued on `stream` (a stream of
   // that device, e.g. the caller's current one) and not waited for: for callers that order

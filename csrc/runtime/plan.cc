@@ -277,6 +277,12 @@ bool say(std::string* why, const std::string& reason) {
 bool always(const PlanInput&, std::string*) { return true; }
 bool named_source(const PlanInput& in, std::string*) { return !in.from_any_source; }
 bool any_source(const PlanInput& in, std::string*) { return in.from_any_source; }
+bool in_host_memory(const PlanInput& in, std::string*) { return !in.device_memory; }
+bool in_device_memory(const PlanInput& in, std::string*) { return in.device_memory; }
+template <AppliesFn A, AppliesFn B>
+bool both(const PlanInput& in, std::string* why) {
+  return A(in, why) && B(in, why);
+}
 bool plain_unordered(const PlanInput& in, std::string*) { return !coded(in) && !ordered(in); }
 bool ordered_or_coded(const PlanInput& in, std::string*) { return coded(in) || ordered(in); }
 bool fits_device_team(const PlanInput& in, std::string*) {
@@ -355,10 +361,18 @@ const std::vector<Row>& rows() {
       {C::Gather, A::Auto, V::Direct, always, not_modelled_us, direct_gather},
       {C::Scatter, A::Auto, V::Direct, always, not_modelled_us, direct_scatter},
       {C::AllToAll, A::Auto, V::Pairwise, always, not_modelled_us, pairwise_alltoall},
-      {C::Send, A::Auto, V::P2P, always, not_modelled_us, p2p_send},
-      // Its frames are a send's, stamped as the send stamps them: p2p either way.
-      {C::Recv, A::Auto, V::P2P, named_source, not_modelled_us, p2p_recv},
-      {C::Recv, A::Auto, V::P2P, any_source, not_modelled_us, p2p_recv_from_any},
+      // Point-to-point on device memory runs over the host channels, its frames copied
+      // between that memory and their slots by the device's ops (Communicator::use_device):
+      // a pair has no device channel, those being set up by a collective that every rank
+      // joins. A frame's stamp carries its sender's own variant, which no recv compares
+      // (a message matches by tag, count and dtype: p2p.h), so a rank on device memory
+      // and one on host memory exchange messages as two of either kind do.
+      {C::Send, A::Auto, V::P2P, in_host_memory, not_modelled_us, p2p_send},
+      {C::Send, A::Auto, V::P2PViaHost, in_device_memory, not_modelled_us, p2p_send},
+      {C::Recv, A::Auto, V::P2P, both<named_source, in_host_memory>, not_modelled_us, p2p_recv},
+      {C::Recv, A::Auto, V::P2P, both<any_source, in_host_memory>, not_modelled_us, p2p_recv_from_any},
+      {C::Recv, A::Auto, V::P2PViaHost, both<named_source, in_device_memory>, not_modelled_us, p2p_recv},
+      {C::Recv, A::Auto, V::P2PViaHost, both<any_source, in_device_memory>, not_modelled_us, p2p_recv_from_any},
       {C::Barrier, A::Auto, V::Dissemination, always, not_modelled_us, dissemination_barrier},
   };
   return table;

@@ -6,6 +6,8 @@
 // Every result must equal the host path's, bit for bit, for every algorithm, compressed
 // and not, in every determinism mode. A stand-in team (threads meeting on a board) shows
 // which all-reduces the communicator hands to a device team, and that an abort reaches it.
+// Point-to-point on device requests travels over the host channels, every byte of the
+// device buffers copied by the device's ops, and sets up nothing of the device path.
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -14,10 +16,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/communicator.h"
 #include "runtime/device_runtime.h"
+#include "barrier.h"
 #include "check.h"
 #include "world.h"
 
@@ -28,6 +32,8 @@ namespace {
 // Page-locking, as the staged channels ask for it: every range must start a page, and be
 // released by the time its communicator is gone.
 std::atomic<int> pins_made{0}, pins_held{0};
+// Bytes the device ops copied on this thread (a rank's, in these tests).
+thread_local size_t device_bytes_copied = 0;
 
 class HostOps final : public DeviceOps {
  public:
@@ -39,7 +45,10 @@ class HostOps final : public DeviceOps {
     return std::shared_ptr<void>(host, [](void*) { --pins_held; });
   }
   std::shared_ptr<char> allocate(size_t bytes) const override { return cpu_ops().allocate(bytes); }
-  void copy(void* dst, const void* src, size_t bytes) const override { cpu_ops().copy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    device_bytes_copied += bytes;
+    cpu_ops().copy(dst, src, bytes);
+  }
   void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
                     size_t n) const override {
     cpu_ops().reduce_terms(spec, stage, out, terms, k, n);
@@ -301,6 +310,107 @@ void test_abort_reaches_the_team() {
   });
 }
 
+// A message's contents: its sender's, its tag's and its element's own.
+std::vector<float> message(int src, int tag, size_t count) {
+  std::vector<float> m(count);
+  for (size_t i = 0; i < count; ++i) m[i] = value(src * 16 + tag, i);
+  return m;
+}
+
+// Ranks 0 and 1 send and receive from "device" memory, rank 2 from host memory, over
+// shared memory or TCP: every pair both ways (empty, one element, several frames), a recv
+// from any source on either memory, and a message of one tag held while a recv of another
+// takes the next (the held path into device memory). The bits arrive as sent, the plan
+// names p2p-via-host on device memory and p2p on host memory, the device ops copy exactly
+// the device buffers' bytes, and no device team or staged channel is made. A collective
+// on device memory then sets up the device path with the ops point-to-point made.
+void test_p2p_on_device(TransportChoice transport) {
+  constexpr int kRanks = 3;
+  Barrier p2p_done(kRanks);
+  const int teams_before = teams_made, pins_before = pins_made;
+  with_world(kRanks, [&](Config& cfg) { cfg.transport = transport; }, [&](int r, Communicator& comm) {
+    const bool on_device = r < 2;
+    const std::string expected = on_device ? "p2p-via-host" : "p2p";
+    // Runs this rank's side of a message of `count` elements, received into `data`.
+    const auto transfer = [&](Collective c, int peer, int tag, std::vector<float>& data, int* source = nullptr) {
+      Request rq;
+      rq.collective = c;
+      rq.count = data.size();
+      rq.input = rq.output = data.data();
+      rq.root = peer;
+      rq.tag = tag;
+      rq.source = source;
+      rq.device = on_device ? 0 : -1;
+      comm.validate(rq);
+      const size_t copied_before = device_bytes_copied;
+      const Plan plan = comm.execute(rq);
+      const size_t copied = device_bytes_copied - copied_before, bytes = on_device ? data.size() * sizeof(float) : 0;
+      CHECK(name_of(plan.variant) == expected, "rank %d %s tag %d: planned %s, expected %s", r, name_of(c), tag,
+            name_of(plan.variant), expected.c_str());
+      CHECK(copied == bytes, "rank %d %s tag %d: the device ops copied %zu bytes, expected %zu", r, name_of(c), tag,
+            copied, bytes);
+    };
+    const auto check_received = [&](const std::vector<float>& got, int src, int tag) {
+      const std::vector<float> sent = message(src, tag, got.size());
+      CHECK(std::memcmp(got.data(), sent.data(), got.size() * sizeof(float)) == 0,
+            "rank %d: %zu elements of tag %d from rank %d differ from those sent", r, got.size(), tag, src);
+    };
+
+    const std::pair<int, int> every_pair[] = {{0, 2}, {2, 0}, {0, 1}, {1, 0}, {1, 2}, {2, 1}};
+    for (size_t count : {size_t{0}, size_t{1}, size_t{5003}})
+      for (auto [src, dst] : every_pair) {
+        std::vector<float> data = r == src ? message(src, 3, count) : std::vector<float>(count, -1.0f);
+        if (r == src) transfer(Collective::Send, dst, 3, data);
+        if (r == dst) {
+          transfer(Collective::Recv, src, 3, data);
+          check_received(data, src, 3);
+        }
+      }
+
+    for (int receiver : {0, 2}) {  // from the other two ranks, whichever comes first
+      if (r != receiver) {
+        std::vector<float> data = message(r, 5, 777);
+        transfer(Collective::Send, receiver, 5, data);
+        continue;
+      }
+      std::vector<int> sources;
+      for (int k = 0; k < kRanks - 1; ++k) {
+        std::vector<float> data(777, -1.0f);
+        int source = -1;
+        transfer(Collective::Recv, kAnySource, 5, data, &source);
+        check_received(data, source, 5);
+        sources.push_back(source);
+      }
+      CHECK(sources.size() == 2 && sources[0] != sources[1] && sources[0] != r && sources[1] != r,
+            "rank %d received from any source from ranks %d and %d", r, sources[0], sources[1]);
+    }
+
+    if (r == 1) {
+      for (int tag : {7, 8}) {
+        std::vector<float> data = message(1, tag, 1000 + 500 * (tag - 7));
+        transfer(Collective::Send, 0, tag, data);
+      }
+    } else if (r == 0) {
+      for (int tag : {8, 7}) {  // tag 7's message is held while the recv of tag 8 passes it
+        std::vector<float> data(1000 + 500 * (tag - 7), -1.0f);
+        transfer(Collective::Recv, 1, tag, data);
+        check_received(data, 1, tag);
+      }
+    }
+
+    if (p2p_done.wait())
+      CHECK(teams_made == teams_before && pins_made == pins_before,
+            "point-to-point made %d device team members and pinned %d host ranges", teams_made - teams_before,
+            pins_made - pins_before);
+    p2p_done.wait();  // the others set up nothing before that check
+    std::vector<float> data(1000, static_cast<float>(r + 1));
+    Request rq = all_reduce_of(data, true);
+    run(comm, rq);
+    CHECK(data[0] == 6.0f && data[999] == 6.0f, "rank %d: device all-reduce after point-to-point gave %g, expected 6", r,
+          data[0]);
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -318,6 +428,8 @@ int main() {
   test_team_carries_small_oneshots(2);
   test_no_team_without_flag_bytes();
   test_abort_reaches_the_team();
+  test_p2p_on_device(TransportChoice::Auto);  // shared memory
+  test_p2p_on_device(TransportChoice::Tcp);
   std::printf("test_device_path: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
   return failures ? 1 : 0;
 }

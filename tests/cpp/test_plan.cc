@@ -318,19 +318,29 @@ static void test_log_step_reduce_scatter_and_all_gather() {
   }
 }
 
-// A recv names its sender or finds it as it runs: two rows, one label (the frames are a
-// send's either way, and the sender's stamp says p2p).
-static void test_recv_from_any_source() {
-  const Topology four = uniform(1, 4);
-  PlanInput named = input(four, 64, Collective::Recv), any = named;
-  any.from_any_source = true;
-  CHECK(make_plan(named).run == p2p_recv && make_plan(any).run == p2p_recv_from_any, "recv rows by source");
-  CHECK(std::string(label(named)) == "p2p" && std::string(label(any)) == "p2p", "recv labels: %s, %s", label(named),
-        label(any));
+// Point-to-point: a recv names its sender or finds it as it runs (two rows of one label);
+// on device memory the same functions run over the host channels, the device copying,
+// labelled p2p-via-host, within a node or across nodes alike.
+static void test_point_to_point() {
+  const Topology one = uniform(1, 4), two = uniform(2, 2);
+  for (const Topology* t : {&one, &two})
+    for (bool device : {false, true}) {
+      PlanInput send = input(*t, 64, Collective::Send), named = input(*t, 64, Collective::Recv);
+      send.device_memory = named.device_memory = device;
+      PlanInput any = named;
+      any.from_any_source = true;
+      CHECK(make_plan(send).run == p2p_send && make_plan(named).run == p2p_recv &&
+                make_plan(any).run == p2p_recv_from_any,
+            "p2p rows on %s memory, %d nodes", device ? "device" : "host", t->node_count());
+      const std::string expected = device ? "p2p-via-host" : "p2p";
+      for (const PlanInput* in : {&send, &named, &any})
+        CHECK(label(*in) == expected, "%s%s on %s memory, %d nodes: %s", name_of(in->collective),
+              in->from_any_source ? " from any source" : "", device ? "device" : "host", t->node_count(), label(*in));
+    }
 }
 
 int main() {
-  test_recv_from_any_source();
+  test_point_to_point();
   test_log_step_reduce_scatter_and_all_gather();
   test_two_level_reduce_scatter_and_all_gather();
   test_labels_say_what_runs();
