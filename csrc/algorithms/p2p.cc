@@ -148,7 +148,7 @@ bool Inbox::continues_held(const FrameHeader& h, const PeerInfo& peer) const {
 void Inbox::append_to_held(Channel& ch, const FrameHeader& h, const void* payload) {
   Held& m = held_.back();
   check_frame_fits(h.bytes, m.got, m.data.size(), h.op, ch.peer_info());
-  std::memcpy(m.data.data() + m.got, payload, h.bytes);
+  if (h.bytes) std::memcpy(m.data.data() + m.got, payload, h.bytes);  // an empty message holds no buffer
   m.got += h.bytes;
   ch.end_recv();
 }

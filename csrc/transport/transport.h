@@ -46,7 +46,7 @@ class Channel {
   // takes at once).
   virtual void send_host(const FrameHeader& header, const void* data, const Deadline& deadline) {
     void* slot = begin_send(deadline);
-    std::memcpy(slot, data, header.bytes);
+    if (header.bytes) std::memcpy(slot, data, header.bytes);  // an empty frame's data may be null
     end_send(header);
   }
   // The payload of the next inbound frame, whatever operation it belongs to, its header
