@@ -17,7 +17,10 @@ subject is a Gloo-only torch API. So is the one helper body that picks its CPU s
 the name (`BACKEND == "gloo"`); nothing else in a test body is changed.
 
 Ranks are spawned processes that re-execute this file as `__mp_main__`: everything the
-suite needs is defined at import; only the driver below is under `__main__`.
+suite needs is defined at import; only the driver below is under `__main__`. With
+`--start fork` they are forked from the driver instead, which has imported torch, pycomm
+and the suite once (a spawned rank imports them again: about 4 s of CPU per rank, most of
+a short test); the driver touches no CUDA and starts no group, so a fork inherits neither.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -34,6 +38,8 @@ import unittest
 
 SUITE_MODULE = "torch.testing._internal.distributed.distributed_test"
 BACKEND = os.environ.get("BACKEND", "")
+# How the driver starts each test's ranks (--start); only the driver's setUp reads it.
+START_METHOD = "spawn"
 GLOO_LIKE = ("gloo", "pycomm")
 
 # Tests whose Gloo gate stays: `dist.monitored_barrier` raises "monitored_barrier is only
@@ -139,7 +145,10 @@ if BACKEND:
             if reason:
                 raise unittest.SkipTest(reason)
             super().setUp()
-            self._spawn_processes()
+            if START_METHOD == "fork":
+                self._start_processes(multiprocessing.get_context("fork").Process)
+            else:
+                self._spawn_processes()
 
 
 def _summary(text: str) -> str:
@@ -196,7 +205,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True, help="where to write each test's outcome")
     parser.add_argument("-k", dest="pattern", default="", help="only tests whose name matches this regex")
+    parser.add_argument("--start", choices=("spawn", "fork"), default="spawn",
+                        help="how each test's ranks start: spawned as PyTorch's CI does, or forked from this process")
     args = parser.parse_args()
+    global START_METHOD
+    START_METHOD = args.start
     if not BACKEND or "WORLD_SIZE" not in os.environ:
         parser.error("set BACKEND and WORLD_SIZE")
     loader = unittest.TestLoader()
