@@ -150,8 +150,12 @@ layer-check:
 	@$(PYTHON) tests/check_layers.py $(LAYERS)
 
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
+# PYTEST_WORKERS test files run at a time (pytest-xdist; a file stays whole on one
+# worker, since its module fixtures are whole worlds): while one waits on a timeout or a
+# process start, the other computes. 0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 test: layer-check build cuda-check core-test
-	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Throughput (back-to-back calls) over the whole range, then per-call latency of small ones

@@ -1,7 +1,8 @@
 """Session-wide checks and markers for the pycomm test suite.
 
 * No /dev/shm/pycomm* segment may outlive the session (the contract says segments are
-  removed on destroy and after a crash). Entries present before the session are ignored.
+  removed on destroy and after a crash): a leak fails the session. Entries present before
+  the session are ignored.
 * Marker `slow`: soak tests. They always run, briefly; with PYCOMM_SOAK=1 they run long.
 * PYCOMM_TEST_BACKEND=gloo runs the suite against gloo (validates the harness and the test
   logic without pycomm).
@@ -59,19 +60,29 @@ def _new_entries(before):
     return sorted(leaked)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_leaked_shm():
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Parallel workers see each other's live segments; whoever started them checks
-        # once all are done (bench/gpu_check.py does).
-        yield
+_SHM_BEFORE = pytest.StashKey[set]()
+
+
+def _is_worker():
+    """A pytest-xdist worker: its tests run beside other workers' (make test runs two)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+# The session's check runs in the process that started it: the only one when tests run in
+# one process; under pytest-xdist, the controller, after every worker has finished (a
+# worker would see the others' live segments).
+def pytest_sessionstart(session):
+    if not _is_worker():
+        session.config.stash[_SHM_BEFORE] = _shm_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _is_worker() or _SHM_BEFORE not in session.config.stash:
         return
-    before = _shm_entries()
-    yield
-    leaked = _new_entries(before)
+    leaked = _new_entries(session.config.stash[_SHM_BEFORE])
     if leaked:
-        pytest.fail("leaked shared-memory entries in %s: %s" % (SHM_DIR, leaked),
-                    pytrace=False)
+        print("\nleaked shared-memory entries in %s: %s" % (SHM_DIR, leaked), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
