@@ -62,17 +62,19 @@ class Zygote:
     def alive(self):
         return not self._gone and self._process.poll() is None
 
-    def start(self, rank_main, args, env, pass_fds):
+    def start(self, rank_main, args, env, pass_fds, output=None):
         """Forks a rank that calls rank_main (a "module:function" of this folder) with
         ``args`` and the numbers that ``pass_fds`` (descriptors of this process) have in
-        the rank, after the rank's stdout and stderr became this process's."""
+        the rank, after the rank's stdout and stderr became this process's, or the
+        descriptor ``output``."""
         request = dict(rank_main=rank_main, args=list(args), env=dict(env), cwd=os.getcwd(),
                        sys_path=list(sys.path))
         with self._lock:
             if self._gone:
                 raise ZygoteGone("the zygote exited")
             try:
-                socket.send_fds(self._sock, [pickle.dumps(request)], [1, 2, *pass_fds])
+                streams = [1, 2] if output is None else [output, output]
+                socket.send_fds(self._sock, [pickle.dumps(request)], [*streams, *pass_fds])
             except OSError as e:
                 self._gone = True
                 raise ZygoteGone("the zygote exited (%s)" % e) from e
