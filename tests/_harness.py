@@ -195,34 +195,31 @@ def _read(path):
 _zygote = None
 
 
-def forked(main, args, env, pass_fds=(), output=None):
-    """A process forked from the session's zygote (tests/_zygote.py: torch already
-    imported) that calls ``main`` ("module:function" of this folder) as Zygote.start
-    says; None with PYCOMM_TEST_FRESH_INTERPRETERS=1 or where the zygote is gone: the
-    caller then starts a fresh interpreter."""
+def start_process(procs, main, args, fresh_argv, env, pass_fds=(), output=None):
+    """Starts in ``procs`` a process that calls ``main`` ("module:function" of this folder)
+    with ``args`` and the numbers ``pass_fds`` have in it, its stdout and stderr this
+    process's or the descriptor ``output``: forked from the session's zygote
+    (tests/_zygote.py: torch already imported), or, with PYCOMM_TEST_FRESH_INTERPRETERS=1
+    or where the zygote is gone, as the fresh interpreter ``fresh_argv``."""
     global _zygote
-    if os.environ.get("PYCOMM_TEST_FRESH_INTERPRETERS") == "1":
-        return None
-    import _zygote as zygote_module
+    if os.environ.get("PYCOMM_TEST_FRESH_INTERPRETERS") != "1":
+        import _zygote as zygote_module
 
-    if _zygote is None or not _zygote.alive():
-        _zygote = zygote_module.Zygote()
-        atexit.register(_zygote.close)
-    try:
-        return _zygote.start(main, args, env, pass_fds, output)
-    except zygote_module.ZygoteGone as e:
-        sys.stderr.write("pycomm tests: %s; %s starts in a fresh interpreter\n" % (e, main))
-        return None
+        if _zygote is None or not _zygote.alive():
+            _zygote = zygote_module.Zygote()
+            atexit.register(_zygote.close)
+        try:
+            procs.add(_zygote.start(main, args, env, pass_fds, output))
+            return
+        except zygote_module.ZygoteGone as e:
+            sys.stderr.write("pycomm tests: %s; %s starts in a fresh interpreter\n" % (e, main))
+    procs.start(fresh_argv, env=env, pass_fds=pass_fds, stdout=output, stderr=output)
 
 
 def _start_rank(procs, world_path, rank, report_fd, env):
-    """Forks the rank (see forked), or starts a fresh interpreter."""
-    process = forked("_harness:_child_main", (world_path, str(rank)), env, (report_fd,))
-    if process is not None:
-        procs.add(process)
-        return
-    procs.start([sys.executable, "-c", _CHILD_COMMAND, os.path.dirname(os.path.abspath(__file__)),
-                 world_path, str(rank), str(report_fd)], env=env, pass_fds=(report_fd,))
+    start_process(procs, "_harness:_child_main", (world_path, str(rank)),
+                  [sys.executable, "-c", _CHILD_COMMAND, os.path.dirname(os.path.abspath(__file__)), world_path,
+                   str(rank), str(report_fd)], env, (report_fd,))
 
 
 def _child_env(env, init, port, rank, world_size):

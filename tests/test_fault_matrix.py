@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from _fault_checks import contract_problems, sticky_problems
-from _harness import forked, is_gloo
+from _harness import is_gloo, start_process
 from pycomm._launch import Processes
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fault_worker.py")
@@ -244,12 +243,8 @@ def run_scenarios(scenarios, directory):
     with Processes() as world:
         for i, log_path in enumerate(logs):
             with open(log_path, "w") as log:
-                process = forked("_fault_worker:main", (plan_path, i), env, output=log.fileno())
-                if process is not None:
-                    world.add(process)
-                else:
-                    world.start([sys.executable, WORKER, plan_path, str(i)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+                start_process(world, "_fault_worker:main", (plan_path, i), [sys.executable, WORKER, plan_path, str(i)],
+                              env, output=log.fileno())
         # Every process ends by itself, but the stopped ones.
         world.wait(WORLD_DEADLINE_S, [i for i in range(len(world)) if fates[i] != "stopped"])
         stopped = {i for i in world.running() if _state(world.pid(i)) == "T"}
