@@ -42,7 +42,8 @@ all-gather, decode of one part while the mover carries another), as many as the 
 cost model says. For every layered variant the report splits each
 rank's time per call into those steps (``phases_ms``: the mover's collectives, waiting
 for the slowest peer included, and pycomm's encode, fold and decode), timed by wrapping
-the layered path's two step functions (``_Call.move``, ``_Call.fold``) in the ranks.
+the layered path's step functions (``_Call.move``, ``pairwise``, ``wait``, ``fold``) in the
+ranks.
 
 ``--collective reduce_scatter`` or ``all_gather`` times that collective instead (--size
 its whole buffer: the reduce-scatter's input, the all-gather's output; busbw S/t (n-1)/n):
@@ -119,29 +120,47 @@ def human(n):
 # The layered variants: the plan's choice, or the algorithm named.
 LAYERED = {"layered": None, "layered-direct": "twoshot", "layered-hierarchical": "hierarchical"}
 # The layered path's steps, in the order they run.
-PHASES = ("encode", "all_to_all_single", "fold", "fold+encode", "all_gather", "decode")
+PHASES = ("encode", "all_to_all_single", "pairwise", "fold", "fold+encode", "all_gather", "decode")
 
 
 class LayeredPhases:
     """Seconds this rank spends in each step of the layered calls since ``reset()``: the
-    mover's collectives (``_Call.move``: all_to_all_single, the all-gather) and pycomm's
-    CPU work (``_Call.fold``: encode, fold, fold+encode, decode), timed by wrapping the
-    two methods of pycomm.layered.call._Call in this process."""
+    mover's transfers, started and waited for (``_Call.move``, ``pairwise`` and ``wait``:
+    all_to_all_single, pairwise, the all-gather, the stamps' included) and pycomm's CPU
+    work (``_Call.fold``: encode, fold, fold+encode, decode), timed by wrapping those
+    methods of pycomm.layered.call._Call in this process."""
 
     def __init__(self):
         from pycomm import layered
         from pycomm.layered.call import _Call
 
         self.spent = {}
-        move, fold = _Call.move, _Call.fold
+        move, pairwise, wait, fold = _Call.move, _Call.pairwise, _Call.wait, _Call.fold
         Form, Stage = layered.Form, layered.Stage
+
+        def phase_of(what):
+            return {"all_to_all_single": "all_to_all_single", "pairwise sends": "pairwise"}.get(what, "all_gather")
 
         def timed_move(call, what, *args, **kw):
             start = time.perf_counter()
             try:
                 return move(call, what, *args, **kw)
             finally:
-                self.add("all_to_all_single" if what == "all_to_all_single" else "all_gather", start)
+                self.add(phase_of(what), start)
+
+        def timed_pairwise(call, *args, **kw):
+            start = time.perf_counter()
+            try:
+                return pairwise(call, *args, **kw)
+            finally:
+                self.add("pairwise", start)
+
+        def timed_wait(call, moving):
+            start = time.perf_counter()
+            try:
+                return wait(call, moving)
+            finally:
+                self.add(phase_of(moving[0]), start)
 
         def timed_fold(call, out, terms, forms, count, stage, **kw):
             start = time.perf_counter()
@@ -158,7 +177,7 @@ class LayeredPhases:
                     phase = "fold"
                 self.add(phase, start)
 
-        _Call.move, _Call.fold = timed_move, timed_fold
+        _Call.move, _Call.pairwise, _Call.wait, _Call.fold = timed_move, timed_pairwise, timed_wait, timed_fold
 
     def add(self, phase, start):
         self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start

@@ -165,7 +165,7 @@ def stats(group=None):
     counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
     (from their start on the group's thread to their end, queueing excluded). For a group
     of another backend, the same for the operations pycomm ran over it (the layered path,
-    algorithms ``"layered-direct"`` and ``"layered-hierarchical"``, timed from the call's
+    algorithms such as ``"layered-direct"`` and ``"layered-pairwise"``, timed from the call's
     start to its end; on CUDA tensors, to the end of enqueueing them), with ``"mover"``
     naming that backend."""
     group = _group_of(group)

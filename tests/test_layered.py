@@ -18,7 +18,7 @@ from _harness import capture_stderr, group_timeout, run_world
 
 CODECS = [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 # The layered all-reduce on one host over gloo, whose all-to-all gathers faster than its all-gather.
-OVER_GLOO = "layered-direct+a2a-gather"
+OVER_GLOO = "layered-pairwise"
 MODES = [True, "exact"]
 SMALL = [0, 1, 7, 1001]
 
@@ -221,10 +221,10 @@ def test_layered_plan():
     from pycomm import _C
 
     def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False,
-             core_share=1.0):
-        options = _C.layered_options("allreduce", torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
-        return _C.layered_plan("allreduce", torch.float32, count, options, host_of, (0.0, 0.0), across, core_share,
-                               cuda)
+             core_share=1.0, collective="allreduce", pairwise_mover=False):
+        options = _C.layered_options(collective, torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
+        return _C.layered_plan(collective, torch.float32, count, options, host_of, (0.0, 0.0), across, core_share,
+                               cuda, pairwise_mover)
 
     one_host, two_hosts, three_hosts = [0] * 4, [0, 0, 1, 1], [0, 0, 1, 1, 2, 2]
     gbit = (100.0, 125.0)  # a 1 Gbit/s link between hosts, 100 us
@@ -262,6 +262,13 @@ def test_layered_plan():
     # Ranks that share cores pay for the hierarchical's uncompressed traffic within the host.
     assert plan(64 << 20, two_by_four, codec="none", core_share=0.5).variant.startswith("layered-direct")
     assert "not an algorithm of the layered path" in plan(1000, one_host, algorithm="ring").fallback
+    # Over a mover whose sends cost fewer copies than its collectives (gloo), every
+    # collective's transfers are pairwise, on host memory only (gloo's sends take no other).
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        assert plan(1 << 20, one_host, collective=collective, pairwise_mover=True).variant == "layered-pairwise"
+        assert plan(1 << 20, one_host, collective=collective, pairwise_mover=True, cuda=True).variant == \
+            "layered-direct"
+    assert plan(1 << 20, [0], pairwise_mover=True).variant == "layered-direct"  # no peer to send to
 
 
 # The exact sums of the sliced test on Triton's interpreter (about 2 s a case at 9 ranks):
@@ -465,7 +472,7 @@ def test_ranks_that_disagree_fail_on_every_rank(collective):
             assert error is not None, f"rank {rank}: the call with another {field} succeeded"
             _, _, zero, others = DISAGREEMENTS[field]  # as rank 0 and the others pass them
             mine, peer, theirs = (zero, 1, others) if rank == 0 else (others, 0, zero)
-            algorithm = OVER_GLOO if collective == "allreduce" else "layered-direct"
+            algorithm = OVER_GLOO
             assert f"#{2 * seq + 1} ({algorithm} over gloo) on group" in error, error
             assert f"failed on rank {rank}: " in error, error
             if field == "count" and collective == "reduce_scatter":  # its count is the input's

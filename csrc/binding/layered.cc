@@ -71,7 +71,7 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
 LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
                          const LayeredOptions& options, const std::vector<int>& host_of,
                          std::pair<double, double> within, std::pair<double, double> across, double core_share,
-                         bool device_memory, bool gathers_by_all_to_all) {
+                         bool device_memory, bool pairwise_mover) {
   TORCH_CHECK_VALUE(count >= 0 && !host_of.empty(), "pycomm: layered_plan of ", count, " elements over ",
                     host_of.size(), " ranks");
   return guard([&] {
@@ -93,7 +93,7 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
     }
     if (core_share > 0) in.costs.core_share = core_share;
     in.device_memory = device_memory;
-    in.gathers_by_all_to_all = gathers_by_all_to_all;
+    in.pairwise_mover = pairwise_mover;
     return plan_layered(in);
   });
 }

@@ -169,7 +169,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("layered_plan", &pycomm::layered_plan, py::arg("collective"), py::arg("dtype"), py::arg("count"),
         py::arg("options"), py::arg("host_of"), py::arg("within") = std::make_pair(0.0, 0.0),
         py::arg("across") = std::make_pair(0.0, 0.0), py::arg("core_share") = 1.0, py::arg("device_memory") = false,
-        py::arg("gathers_by_all_to_all") = false);
+        py::arg("pairwise_mover") = false);
   m.def("host_key", &pycomm::host_key);
   m.def("hosts_of", &pycomm::hosts_of, py::arg("keys"));
   m.def("hosts_in_blocks", [](const std::vector<int>& host_of) {

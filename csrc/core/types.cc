@@ -68,7 +68,7 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::Dissemination, "dissemination"}, {Variant::RecursiveDoubling, "recursive-doubling"},
       {Variant::RecursiveHalving, "recursive-halving"}, {Variant::Bruck, "bruck"},
       {Variant::LayeredDirect, "layered-direct"},
-      {Variant::LayeredDirectAllToAllGather, "layered-direct+a2a-gather"},
+      {Variant::LayeredPairwise, "layered-pairwise"},
       {Variant::LayeredDirectHostGather, "layered-direct+host-gather"},
       {Variant::LayeredHierarchical, "layered-hierarchical"}, {Variant::P2PViaHost, "p2p-via-host"}}};
   return t;

@@ -109,9 +109,9 @@ enum class Variant : uint8_t {
   Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
   Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
   // pycomm's reductions over a group of another backend (pycomm/layered/): its direct
-  // algorithm, the same with its results gathered by an all-to-all, or across hosts then
-  // within them, and its hierarchical one (within hosts, then across them).
-  LayeredDirect, LayeredDirectAllToAllGather, LayeredDirectHostGather, LayeredHierarchical,
+  // algorithm, the same with every transfer a pairwise send, or with its results gathered
+  // across hosts then within them, and its hierarchical one (within hosts, then across them).
+  LayeredDirect, LayeredPairwise, LayeredDirectHostGather, LayeredHierarchical,
   P2PViaHost,
 };
 

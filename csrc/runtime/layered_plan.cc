@@ -106,14 +106,14 @@ std::vector<LayeredPlan> layered_candidates(const LayeredPlanInput& in, const Li
 
   // Direct: all-to-all then all-gather (a ring on most movers), 2 (n-1)/n W per rank, of
   // which 2 (L-1)/n W within the host; across hosts the all-to-all sends L (n-L)/n W out
-  // of each host, the ring (n-1)/n W. Gathered by an all-to-all instead, the gather sends
-  // what the first all-to-all sends, from n-1 copies of the result.
+  // of each host, the ring (n-1)/n W. Pairwise, the gather sends what the all-to-all
+  // sends, and neither copies.
   const double a2a_out = L * (n - L) / n * W;
-  const bool a2a_gather = all_reduce && in.gathers_by_all_to_all && n > 1;
+  const bool pairwise = in.pairwise_mover && !in.device_memory && n > 1;
   std::vector<LayeredPlan> candidates = {planned(
-      a2a_gather ? Variant::LayeredDirectAllToAllGather : Variant::LayeredDirect,
-      N > 1 ? (a2a_out + (a2a_gather ? a2a_out : (n - 1) / n * W)) / links.inter.bytes_per_us : 0,
-      host_us(a2a_gather ? (n - 2) / n * W : 0, 2 * (L - 1) / n * W), all_reduce ? 2 : 1, direct_units)};
+      pairwise ? Variant::LayeredPairwise : Variant::LayeredDirect,
+      N > 1 ? (a2a_out + (pairwise ? a2a_out : (n - 1) / n * W)) / links.inter.bytes_per_us : 0,
+      host_us(0, 2 * (L - 1) / n * W), all_reduce ? 2 : 1, direct_units)};
   // The same results gathered in two levels: among the ranks of each local index across
   // hosts ((N-1)/N W out of each host), then within the host ((L-1)/L W to each rank). The
   // gather moves encoded bytes only, so the bits are the direct algorithm's in every mode.

@@ -15,9 +15,11 @@ namespace pycomm {
 // Over a group of another backend (the mover), pycomm's all-reduce runs as
 //   layered-direct: one all-to-all of every rank's segments, the owner's fold, one
 //     all-gather of the results (2 collectives);
-//   layered-direct+a2a-gather: the same, the results gathered by an all-to-all (each
-//     rank's to every other), on movers whose all-gather is slower than their all-to-all
-//     for the same bytes (gloo's runs its ring one unpipelined step after another);
+//   layered-pairwise: the same steps (and the reduce-scatter's and all-gather's), each
+//     transfer a point-to-point send between two ranks, all at once, from and into the
+//     call's own memory where it can: on movers whose collectives cost copies the
+//     sends do not (gloo's all-to-all copies this rank's own segment, and its all-gather
+//     runs its ring one unpipelined step after another), on host memory;
 //   layered-direct+host-gather: the same, the results gathered in two levels, among the
 //     ranks of one local index across hosts, then within each host (3 collectives; only
 //     (N-1)/N of the results cross each host's link, against (n-1)/n for a ring), or
@@ -53,7 +55,7 @@ struct LayeredPlanInput {
   // no measurement changes its bits from one run to the next (D1).
   std::optional<LinkCosts> measured_links;
   bool device_memory = false;  // CUDA tensors: every step is enqueued on one stream, nothing overlaps
-  bool gathers_by_all_to_all = false;  // the mover's all-to-all carries an all-gather's bytes faster (gloo)
+  bool pairwise_mover = false;  // the mover's sends carry the direct steps with fewer copies (gloo; host memory)
 };
 
 struct LayeredPlan {

@@ -24,6 +24,12 @@ mover's collectives in place of pycomm's transports:
 4. All-gather (all-reduce only): one ``all_gather_into_tensor`` of the (encoded) results,
    each padded to the longest segment; every rank then decodes every segment, its own too.
 
+Over gloo, on host memory (``layered-pairwise``), the transfers of steps 2 and 4, and of
+the reduce-scatter and the all-gather, are point-to-point sends between every pair of
+ranks, all at once (``_Call.pairwise``), from and into the call's own memory where they
+can: gloo's all-to-all copies this rank's own segment, and its all-gather runs its ring
+one step after another.
+
 Across several hosts with equal rank counts (ranks numbered host by host) an all-reduce
 in mode 0 may run as the native hierarchical one (``layered-hierarchical``, see
 algorithms._hierarchical_part): within each host an all-to-all of the shards and the
@@ -59,7 +65,8 @@ Layout, one job per module, none importing a module listed after it:
 * ``record``     what a rank keeps of a group's layered calls (``record_of``): counters
                  and flight recorder, options, hosts, lane, scratch buffers.
 * ``call``       one operation (``_Call``): options, plan, the agreement (step 0), the
-                 mover's collectives and their failures, folds, buffers; ``LayeredWork``.
+                 mover's collectives and pairwise sends and their failures, folds,
+                 buffers; ``LayeredWork``.
 * ``algorithms`` steps 1 to 4, the hierarchical all-reduce and the pipeline of parts,
                  and the entry points ``all_reduce``, ``reduce_scatter_tensor`` and
                  ``all_gather_into_tensor``.

@@ -15,6 +15,7 @@ from .folds import PARTIAL_DTYPES
 from .mover import _ALL_GATHER
 
 Form, Stage = _C.Form, _C.Stage
+PAIRWISE = "layered-pairwise"  # the direct algorithm with every transfer a pairwise send (see the plan)
 
 
 def _bytes(t):
@@ -44,32 +45,45 @@ def _pieces(buffer, sizes):
 
 
 def _exchange(call, flat, begins, element_bytes, part=0):
-    """Step 2, started: segment s of ``flat`` goes to rank s. Returns the mover's pending
-    all-to-all and this rank's n contributions to its own segment, in rank order, with
-    their forms, readable once it is waited for. Raw segments travel as their bytes (this
-    rank's own included, as the mover's all-to-all takes one buffer); encoded ones are
-    encoded here, this rank's own kept as its input (quantized as it is loaded)."""
+    """Step 2, started: segment s of ``flat`` goes to rank s, by the mover's all-to-all or
+    pairwise (see the plan). Returns the mover's pending transfers and this rank's n
+    contributions to its own segment, in rank order, with their forms, readable once they
+    are waited for. Raw segments travel as their bytes (the all-to-all takes one buffer,
+    this rank's own segment included); encoded ones are encoded here, this rank's own
+    kept as its input (quantized as it is loaded)."""
     n, r = call.size, call.rank
+    pairwise = call.plan.variant == PAIRWISE
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
     mine = flat[begins[r]:begins[r + 1]]
     if call.codec == "none":
-        recv = call.buffer("received", part, n * lengths[r] * element_bytes)
-        moving = call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
-                           [length * element_bytes for length in lengths])
-        pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
+        if pairwise:
+            recv = call.buffer("received", part, (n - 1) * lengths[r] * element_bytes)
+            others = iter(_pieces(recv, [lengths[r] * element_bytes] * (n - 1)))
+            pieces = [None if p == r else next(others) for p in range(n)]
+            moving = call.pairwise([(s, _bytes(flat[begins[s]:begins[s + 1]])) for s in range(n) if s != r],
+                                   [(p, pieces[p]) for p in range(n) if p != r])
+        else:
+            recv = call.buffer("received", part, n * lengths[r] * element_bytes)
+            moving = call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
+                               [length * element_bytes for length in lengths])
+            pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
         return moving, [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
     encoded = [_C.encoded_size(call.codec, call.block, length) for length in lengths]
     outgoing = [0 if s == r else _slot(encoded[s]) for s in range(n)]
     send = call.buffer("sent", part, sum(outgoing))
-    for s, piece in enumerate(_pieces(send, outgoing)):
+    sent = _pieces(send, outgoing)
+    for s, piece in enumerate(sent):
         if s != r:
             call.fold(piece[:encoded[s]], [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
             piece[encoded[s]:].zero_()
     incoming = [0 if p == r else _slot(encoded[r]) for p in range(n)]
     recv = call.buffer("received", part, sum(incoming))
-    moving = call.move("all_to_all_single", recv, send, incoming, outgoing)
-    pieces = [piece[:encoded[r]] for piece in _pieces(recv, incoming)]
-    return (moving, [mine if p == r else pieces[p] for p in range(n)],
+    received = _pieces(recv, incoming)
+    if pairwise:
+        moving = call.pairwise([(s, sent[s]) for s in range(n) if s != r], [(p, received[p]) for p in range(n) if p != r])
+    else:
+        moving = call.move("all_to_all_single", recv, send, incoming, outgoing)
+    return (moving, [mine if p == r else received[p][:encoded[r]] for p in range(n)],
             [Form.Input if p == r else Form.Encoded for p in range(n)])
 
 
@@ -135,21 +149,22 @@ def _direct_part(call, part, index):
     # to the longest segment's (segment 0's), the size every rank gives the all-gather.
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
     width = _slot(wire(lengths[0])) if coded else wire(lengths[0])
-    # Gathered by an all-to-all, the result is the first of its n-1 copies, one per peer.
-    copies = n - 1 if call.plan.variant == "layered-direct+a2a-gather" else 1
-    outgoing = call.buffer("result", index, copies * width)
-    result = outgoing[:width]
+    result = call.buffer("result", index, width)
     result[wire(lengths[r]):].zero_()
     call.wait(moving)
     call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-    if call.plan.variant == "layered-direct+a2a-gather":
-        for piece in _pieces(outgoing, [width] * copies)[1:]:
-            piece.copy_(result)
-        splits = [0 if s == r else width for s in range(n)]
-        received = call.buffer("gathered", index, (n - 1) * width)
-        moving = call.move("all_to_all_single", received, outgoing, splits, splits)
-        others = iter(_pieces(received, [width] * (n - 1)))
-        blocks = [result if s == r else next(others) for s in range(n)]
+    if call.plan.variant == PAIRWISE:
+        # Raw results straight into place; encoded ones into a block each, decoded below.
+        received = call.buffer("gathered", index, n * width) if coded else None
+        blocks = _pieces(received, [width] * n) if coded else [None] * n
+        targets = [blocks[s][:wire(lengths[s])] if coded else _bytes(part[begins[s]:begins[s + 1]]) for s in range(n)]
+        moving = call.pairwise([(s, result[:wire(lengths[r])]) for s in range(n) if s != r],
+                               [(s, targets[s]) for s in range(n) if s != r])
+        if coded:
+            blocks[r] = result
+        else:
+            _bytes(part[begins[r]:begins[r + 1]]).copy_(result[:wire(lengths[r])])
+            blocks = None
     elif call.plan.variant == "layered-direct+host-gather":
         # Across hosts among the ranks of this local index (rank h L + l is host h's
         # local rank l), then within the host: block l N + h of ``gathered`` is rank h L + l's.
@@ -315,17 +330,31 @@ def all_gather_into_tensor(output, input, group, algorithm, compression, determi
 
 
 def _all_gather(call, output, out, flat_in):
-    n, count = call.size, flat_in.numel()
+    n, r, count = call.size, call.rank, flat_in.numel()
     if count == 0:
         return
+    pairwise = call.plan.variant == PAIRWISE
     if call.codec == "none":
-        call.wait(call.move(_ALL_GATHER, out, flat_in))
+        if pairwise:  # straight into place
+            slots = _pieces(out, [count] * n)
+            moving = call.pairwise([(s, _bytes(flat_in)) for s in range(n) if s != r],
+                                   [(s, _bytes(slots[s])) for s in range(n) if s != r])
+            slots[r].copy_(flat_in)
+            call.wait(moving)
+        else:
+            call.wait(call.move(_ALL_GATHER, out, flat_in))
     else:
         size = _C.encoded_size(call.codec, call.block, count)
         mine = call.buffer("result", 0, _slot(size), zero_from=size)
         call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
         gathered = call.buffer("gathered", 0, n * mine.numel())
-        call.wait(call.move(_ALL_GATHER, gathered, mine))
-        for s, block in enumerate(_pieces(gathered, [mine.numel()] * n)):
+        blocks = _pieces(gathered, [mine.numel()] * n)
+        if pairwise:
+            call.wait(call.pairwise([(s, mine[:size]) for s in range(n) if s != r],
+                                    [(s, blocks[s][:size]) for s in range(n) if s != r]))
+            blocks[r] = mine
+        else:
+            call.wait(call.move(_ALL_GATHER, gathered, mine))
+        for s, block in enumerate(blocks):
             call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)
     _settle(output, out)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .folds import PARTIAL_DTYPES, _triton_fold, kernels_for, terms_per_fold
-from .mover import _ALL_GATHER, _GATHER_BY_ALL_TO_ALL
+from .mover import _ALL_GATHER, _PAIRWISE_MOVERS
 from .record import record_of
 
 
@@ -58,6 +58,9 @@ class LayeredWork:
         return self._future
 
 
+# The tag of the layered path's point-to-point transfers on the mover (not 0, the default
+# of a user's own).
+_PAIRWISE_TAG = 0x70634C50
 # A stamp: this marker, then the fields of _Call.stamp, each an int64 (see _code).
 _STAMP_MARK = 0x70634C53
 _STAMP_FIELDS = ("sequence number", "collective", "count", "dtype", "reduce op", "compression", "block",
@@ -111,7 +114,7 @@ class _Call:
         self.host_team, self.column_team = hosts.host_team, hosts.column_team
         self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, hosts.host_of, hosts.within,
                                     hosts.across, hosts.core_share, self.device.type == "cuda",
-                                    self.record.mover in _GATHER_BY_ALL_TO_ALL)
+                                    self.record.mover in _PAIRWISE_MOVERS)
         self.algorithm = f"{self.plan.variant} over {self.record.mover}"
         self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
                                              self.plan, self.nbytes, self.device.index if self.device.type == "cuda"
@@ -201,8 +204,22 @@ class _Call:
         except Exception as e:
             self.fail(what, e)
 
+    def pairwise(self, sends, receives):
+        """Starts the mover's point-to-point transfers: ``sends`` and ``receives`` are
+        (peer, byte tensor) pairs that match the peers' receives and sends (every rank
+        knows every length once the stamps agree); empty ones are left out on both sides.
+        :meth:`wait` for them."""
+        ops = [dist.P2POp(dist.irecv, t, group=self.group, tag=_PAIRWISE_TAG, group_peer=p) for p, t in receives
+               if t.numel()]
+        ops += [dist.P2POp(dist.isend, t, group=self.group, tag=_PAIRWISE_TAG, group_peer=p) for p, t in sends
+                if t.numel()]
+        try:
+            return "pairwise sends", _AllOf(dist.batch_isend_irecv(ops) if ops else [])
+        except Exception as e:
+            self.fail("pairwise sends", e)
+
     def wait(self, moving):
-        """Waits for a collective :meth:`move` started; its failure fails this operation.
+        """Waits for what :meth:`move` or :meth:`pairwise` started; its failure fails this operation.
         (For NCCL, the current stream waits, not the host.)"""
         what, work = moving
         try:
@@ -247,6 +264,17 @@ class _Call:
             return None
         written = self.record.recorder.failed(ended, failure)
         return f"{failure} (flight recorder: {written})" if written else failure
+
+
+class _AllOf:
+    """Works waited for as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
 
 
 def _op_name(op):
