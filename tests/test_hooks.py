@@ -9,6 +9,8 @@
   parameters (also across DDP's bucket rebuild after the first step, and after a
   checkpoint is restored into a fresh DDP); reset(), state_dict()/load_state_dict();
   buckets that the wire does not compress; codec validation.
+* Over a gloo group (the layered path) the hooks return at once, their futures complete
+  only once the mover has carried the bucket (DDP overlaps them with backward).
 * Quality (slow): fp8_e4m3 with error feedback trains a small regression model to within
   2% of the uncompressed loss on a fixed evaluation set.
 """
@@ -398,6 +400,54 @@ def test_hook_edge_cases():
         assert out["nonfinite"] == (True, 0.0, 0.0, True)
         assert out["named"] == (True, True)
         assert out["shape_only"] == (True, True)
+
+
+class _Bucket:
+    """What the hooks read of a DDP bucket, for a hook called by hand."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def buffer(self):
+        return self.values
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return True
+
+
+def hook_future_world(rank, ws):
+    """Both hooks over a gloo group (the layered path), rank 1 calling them only once
+    rank 0 has looked at its futures (a barrier on another group): rank 0's cannot be
+    complete then, since the mover has not carried the buckets."""
+    import pycomm.hooks
+
+    gloo, other = (dist.new_group(backend="gloo", timeout=group_timeout()) for _ in range(2))
+    buckets = [torch.full((1000,), float(rank + 1)), torch.full((1000,), float(rank + 1))]
+
+    def call_hooks():
+        return [pycomm.hooks.deterministic_allreduce_hook(pycomm.hooks.DeterministicState("exact", gloo),
+                                                          _Bucket(buckets[0])),
+                pycomm.hooks.compressed_allreduce_hook(pycomm.hooks.CompressionState("fp8_e4m3", False, gloo),
+                                                       _Bucket(buckets[1]))]
+
+    if rank == 0:
+        futures = call_hooks()
+        done_before = [f.done() for f in futures]
+        dist.barrier(group=other)
+    else:
+        dist.barrier(group=other)
+        futures, done_before = call_hooks(), None
+    return done_before, [f.wait()[0].item() for f in futures]
+
+
+def test_hook_futures_complete_after_the_mover_carried_the_bucket():
+    for rank, (done_before, values) in enumerate(run_world(hook_future_world, 2, timeout=60)):
+        if rank == 0:
+            assert done_before == [False, False], done_before
+        assert values == [1.5, 1.5], (rank, values)
 
 
 def test_codec_validation():
