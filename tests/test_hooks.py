@@ -524,8 +524,10 @@ def quality_world(rank, ws, steps, configs):
 @pytest.mark.slow
 def test_fp8_error_feedback_training_quality():
     configs = [(None, False), ("fp8_e4m3", True), ("fp8_e4m3", False)]
+    # About 20 s alone on 2 cores, 50 s beside a compile; beside the suite's other worker
+    # it once ran past 90 s (a deadline against hangs, not a time limit).
     results = run_world(quality_world, 2, args=(QUALITY_STEPS, configs),
-                        timeout=300 if soak() else 90)
+                        timeout=300 if soak() else 240)
     evals = results[0]
     assert all(r == evals for r in results), "ranks evaluated different models"
     final = {k: sum(v[-QUALITY_WINDOW:]) / QUALITY_WINDOW for k, v in evals.items()}
