@@ -307,29 +307,31 @@ def test_error_feedback_bookkeeping():
         assert out["after_reset"] == (0, 0)
 
 
+class _Bucket:
+    """What the hooks read of a DDP bucket, for a hook called by hand: its index, the
+    parameters it holds (in bucket order), its flat gradient values, whether it is last."""
+
+    def __init__(self, index, params, values, last=True):
+        self.idx, self.params, self.buf, self.last = index, params, values, last
+
+    def index(self):
+        return self.idx
+
+    def buffer(self):
+        return self.buf
+
+    def parameters(self):
+        return self.params
+
+    def is_last(self):
+        return self.last
+
+
 def edge_world(rank, ws):
     """The hook on hand-made buckets: non-compressed dtypes, non-finite gradients, layouts
     that change."""
     import pycomm
     from pycomm.hooks import CompressionState, compressed_allreduce_hook
-
-    class Bucket:
-        def __init__(self, index, params, last=True, values=None):
-            self.params, self.idx, self.last = params, index, last
-            n = sum(p.numel() for p in params)
-            self.buf = values if values is not None else torch.full((n,), 0.1 * (rank + 1))
-
-        def index(self):
-            return self.idx
-
-        def buffer(self):
-            return self.buf
-
-        def parameters(self):
-            return self.params
-
-        def is_last(self):
-            return self.last
 
     def run(state, bucket):
         return compressed_allreduce_hook(state, bucket).wait()
@@ -341,20 +343,20 @@ def edge_world(rank, ws):
                          (torch.bfloat16, "fp16"), (torch.float16, "bf16")):
         state = CompressionState(codec)
         base = torch.arange(700) % 16          # exact in every dtype, and so is the mean
-        got = run(state, Bucket(0, p[:2], values=(base * (rank + 1)).to(dtype)))
+        got = run(state, _Bucket(0, p[:2], values=(base * (rank + 1)).to(dtype)))
         want = base.double() * (1 + ws) / 2    # the mean over ranks of base * (rank + 1)
         if not dtype.is_floating_point:
             want = want.floor()
         out[str(dtype), codec] = (torch.equal(got.double(), want), len(state.residuals))
     # 16-bit floats with an fp8 codec: compressed, residual in float32.
     state = CompressionState("fp8_e4m3")
-    run(state, Bucket(0, p[:2], values=torch.linspace(-1, 1, 700).to(torch.bfloat16)))
+    run(state, _Bucket(0, p[:2], values=torch.linspace(-1, 1, 700).to(torch.bfloat16)))
     out["bf16-fp8"] = (state.residuals[0].dtype, bool(state.residuals[0].abs().max() > 0))
     # Non-finite gradients: zero residual there, finite elsewhere.
     state = CompressionState("fp8_e4m3")
     vals = torch.linspace(-1, 1, 700)
     vals[5], vals[400] = float("inf"), float("nan")
-    run(state, Bucket(0, p[:2], values=vals))
+    run(state, _Bucket(0, p[:2], values=vals))
     r = state.residuals[0]
     out["nonfinite"] = (bool(torch.isfinite(r).all()), r[5].item(), r[400].item(),
                         bool(r[:256].abs().max() > 0))
@@ -365,7 +367,7 @@ def edge_world(rank, ws):
     # the change (zero gradients) is exactly the carried residual.
     named = torch.nn.ParameterList(p)
     state = CompressionState("fp8_e4m3", model=named)
-    run(state, Bucket(0, p, values=torch.linspace(-1, 1, 1000)))
+    run(state, _Bucket(0, p, values=torch.linspace(-1, 1, 1000)))
     before = state.residuals[0].clone()
     sent = []
     orig = pycomm.all_reduce
@@ -375,13 +377,13 @@ def edge_world(rank, ws):
         return orig(tensor, *a, **k)
     pycomm.all_reduce = spy
     try:
-        run(state, Bucket(0, [p[2]], last=False, values=torch.zeros(300)))
-        run(state, Bucket(1, [p[1], p[0]], values=torch.zeros(700)))
+        run(state, _Bucket(0, [p[2]], last=False, values=torch.zeros(300)))
+        run(state, _Bucket(1, [p[1], p[0]], values=torch.zeros(700)))
         state_sh = CompressionState("fp8_e4m3")
-        run(state_sh, Bucket(0, p, values=torch.linspace(-1, 1, 1000)))
+        run(state_sh, _Bucket(0, p, values=torch.linspace(-1, 1, 1000)))
         before_sh = state_sh.residuals[0].clone()
-        run(state_sh, Bucket(0, [p[2]], last=False, values=torch.zeros(300)))
-        run(state_sh, Bucket(1, [p[1], p[0]], values=torch.zeros(700)))
+        run(state_sh, _Bucket(0, [p[2]], last=False, values=torch.zeros(300)))
+        run(state_sh, _Bucket(1, [p[1], p[0]], values=torch.zeros(700)))
     finally:
         pycomm.all_reduce = orig
     out["named"] = (torch.equal(sent[0], before[700:]),
@@ -402,22 +404,6 @@ def test_hook_edge_cases():
         assert out["shape_only"] == (True, True)
 
 
-class _Bucket:
-    """What the hooks read of a DDP bucket, for a hook called by hand."""
-
-    def __init__(self, values):
-        self.values = values
-
-    def buffer(self):
-        return self.values
-
-    def index(self):
-        return 0
-
-    def is_last(self):
-        return True
-
-
 def hook_future_world(rank, ws):
     """Both hooks over a gloo group (the layered path), rank 1 calling them only once
     rank 0 has looked at its futures (a barrier on another group): rank 0's cannot be
@@ -429,9 +415,9 @@ def hook_future_world(rank, ws):
 
     def call_hooks():
         return [pycomm.hooks.deterministic_allreduce_hook(pycomm.hooks.DeterministicState("exact", gloo),
-                                                          _Bucket(buckets[0])),
+                                                          _Bucket(0, [], buckets[0])),
                 pycomm.hooks.compressed_allreduce_hook(pycomm.hooks.CompressionState("fp8_e4m3", False, gloo),
-                                                       _Bucket(buckets[1]))]
+                                                       _Bucket(0, [], buckets[1]))]
 
     if rank == 0:
         futures = call_hooks()
