@@ -11,8 +11,9 @@ Usage, in place of DistributedDataParallel::
     optimizer.step(); optimizer.zero_grad()
 
 Each parameter's gradient, as autograd finishes it for a micro-batch, is moved out of
-``.grad`` into an order-free state (core/numerics.h, "Binned exact sums": an int8 bin
-index and two float64 bins per element). Each term enters truncated to the grid of 2^-32
+``.grad`` and kept; every few micro-batches (and at ``reduce_gradients``) the kept ones
+are added in one pass into an order-free state (core/numerics.h, "Binned exact sums": an
+int8 bin index and two float64 bins per element). Each term enters truncated to the grid of 2^-32
 of the element's largest term, and those truncated terms are added exactly: no order or
 split changes a bit. ``reduce_gradients`` merges the states of every rank (the largest bin
 index by a MAX all-reduce, then the bins by a SUM reduce-scatter into each rank's shard,
@@ -56,6 +57,10 @@ from . import _C
 __all__ = ["ExactDataParallel"]
 
 _NO_BIN = -128  # a bin index below every bin: the state of an element with no term yet
+# Gradients kept per parameter before they are added into its state in one pass: the
+# state (17 B per parameter) is then read and written once per _KEEP micro-batches, at
+# the cost of up to _KEEP gradients held at once (4 B per parameter each, for float32).
+_KEEP = 4
 
 
 def max_terms():
@@ -140,6 +145,7 @@ class ExactDataParallel:
         self._hi = torch.zeros(padded, dtype=torch.float64, device=device)  # term writes a parameter's state;
         self._lo = torch.zeros(padded, dtype=torch.float64, device=device)  # the padding stays empty
         self._taken = [0] * len(self.params)
+        self._kept = [[] for _ in self.params]  # each parameter's gradients not yet in its state
         if broadcast_parameters:
             self._broadcast_state()
         self._handles = [p.register_post_accumulate_grad_hook(self._take_hook(k)) for k, p in enumerate(self.params)]
@@ -155,18 +161,22 @@ class ExactDataParallel:
 
     def _take_hook(self, k):
         def take(param):
-            s = self._slices[k]
             if self._taken[k] >= max_terms():
                 raise RuntimeError(f"pycomm.exact_data_parallel: more than {max_terms()} micro-batches "
                                    "without reduce_gradients()")
             grad = param.grad
-            if grad.is_sparse:
-                grad = grad.to_dense()
-            self._ops.add_to_bins(self._index[s], self._hi[s], self._lo[s], grad.contiguous().view(-1),
-                           empty=self._taken[k] == 0)
-            self._taken[k] += 1
             param.grad = None
+            self._kept[k].append((grad.to_dense() if grad.is_sparse else grad).contiguous().view(-1))
+            self._taken[k] += 1
+            if len(self._kept[k]) == _KEEP:
+                self._fold(k)
         return take
+
+    def _fold(self, k):
+        """Adds parameter k's kept gradients into its state in one pass."""
+        s, kept = self._slices[k], self._kept[k]
+        self._ops.add_to_bins(self._index[s], self._hi[s], self._lo[s], kept, empty=self._taken[k] == len(kept))
+        self._kept[k] = []
 
     @contextlib.contextmanager
     def last_micro_batch(self):
@@ -198,6 +208,8 @@ class ExactDataParallel:
                 comm.check_merged()
             return
         for k, s in enumerate(self._slices):
+            if self._kept[k]:
+                self._fold(k)
             if not self._taken[k]:  # no gradient this step: its state is the last step's
                 self._index[s].fill_(_NO_BIN)
                 self._hi[s].zero_()
@@ -238,6 +250,7 @@ class ExactDataParallel:
 
     def _empty(self):
         self._taken = [0] * len(self.params)  # the next terms overwrite the states (add_to_bins(empty=True))
+        self._kept = [[] for _ in self.params]
 
     def _check_merged_terms(self, total):
         if total > max_terms():
@@ -313,7 +326,7 @@ class _ExactReduceScatter(_FSDPReduceScatter):
         index = torch.empty((ranks, width), dtype=torch.int8, device=device)
         bins = torch.empty(ranks, 2, width, dtype=torch.float64, device=device)
         for r in range(ranks):
-            ops.add_to_bins(index[r], bins[r, 0], bins[r, 1], chunks[r], empty=True)
+            ops.add_to_bins(index[r], bins[r, 0], bins[r, 1], [chunks[r]], empty=True)
         top = index.clone()
         _exact_all_reduce(top, dist.ReduceOp.MAX, group)
         for r in range(ranks):

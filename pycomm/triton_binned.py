@@ -157,12 +157,19 @@ def _grid(n):
 
 
 def add_to_bins(index, hi, lo, terms, empty=False):
-    """``_C.add_to_bins`` on the state's device."""
-    n = _check_state(index, hi, lo, terms)
-    kind = _gradient_kind(terms)
-    if n:
-        _add_kernel[_grid(n)](index, hi, lo, terms, n, EMPTY=bool(empty), IN_KIND=kind, TILE=_TILE,
-                                enable_fp_fusion=False)
+    """``_C.add_to_bins`` on the state's device: each tensor of ``terms`` added in turn
+    (the state depends only on the multiset of its terms, so this gives the C++ bits)."""
+    if not terms and empty:
+        raise ValueError("pycomm: exact accumulator: an empty state needs at least one term")
+    for t in terms:
+        n = _check_state(index, hi, lo, t)
+        if t.dtype != terms[0].dtype:
+            raise ValueError(f"pycomm: exact accumulator: the gradients added together are of one dtype, not "
+                             f"{terms[0].dtype} and {t.dtype}")
+    for j, t in enumerate(terms):
+        if n:
+            _add_kernel[_grid(n)](index, hi, lo, t, n, EMPTY=bool(empty) and j == 0, IN_KIND=_gradient_kind(t),
+                                  TILE=_TILE, enable_fp_fusion=False)
 
 
 def align_bins(index, hi, lo, to):

@@ -35,7 +35,7 @@ def _state(n):
 def _add_all(terms, n):
     state = _state(n)
     for t in terms:
-        _C.add_to_bins(*state, t)
+        _C.add_to_bins(*state, [t])
     return state
 
 
@@ -115,14 +115,23 @@ def test_binned_add_matches_its_specification():
     n, k = 1200, 6
     terms = _terms(n, k, 5, spread=70)
     terms[2][700] = float("nan")  # one run of 256 on the term-by-term path
-    state, reference = _state(n), _state(n)
+    reference = _state(n)
     for t in terms:
-        _C.add_to_bins(*state, t)
         for j, x in enumerate(t.tolist()):
             _binned_add_reference(reference, j, x)
-    assert torch.equal(state[0], reference[0])
-    for got, want in zip(state[1:], reference[1:]):
-        assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    # One term per call, several per call (the state read and written once for them),
+    # and all at once into a state never initialized: the same bits.
+    one_by_one, grouped, at_once = _state(n), _state(n), [torch.empty_like(s) for s in _state(n)]
+    for t in terms:
+        _C.add_to_bins(*one_by_one, [t])
+    _C.add_to_bins(*grouped, terms[:1])
+    _C.add_to_bins(*grouped, terms[1:4])
+    _C.add_to_bins(*grouped, terms[4:])
+    _C.add_to_bins(*at_once, terms, empty=True)
+    for state in (one_by_one, grouped, at_once):
+        assert torch.equal(state[0], reference[0])
+        for got, want in zip(state[1:], reference[1:]):
+            assert torch.equal(got.view(torch.int64), want.view(torch.int64))
 
 
 def test_binned_sum_error_bound():
@@ -160,11 +169,15 @@ def test_binned_sum_rounds_once():
 def test_binned_state_checks_its_operands():
     state = _state(4)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
-        _C.add_to_bins(*state, torch.zeros(4, dtype=torch.float64))
+        _C.add_to_bins(*state, [torch.zeros(4, dtype=torch.float64)])
     with pytest.raises(ValueError, match="has 3 elements"):
-        _C.add_to_bins(*state, torch.zeros(3))
+        _C.add_to_bins(*state, [torch.zeros(4), torch.zeros(3)])
+    with pytest.raises(ValueError, match="of one dtype"):
+        _C.add_to_bins(*state, [torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)])
+    with pytest.raises(ValueError, match="at least one term"):
+        _C.add_to_bins(*state, [], empty=True)
     with pytest.raises(ValueError, match="lower bin"):
-        _C.add_to_bins(*state, torch.ones(4))
+        _C.add_to_bins(*state, [torch.ones(4)])
         _C.align_bins(*state, torch.full((4,), -1, dtype=torch.int8))
 
 

@@ -66,9 +66,12 @@ def test_add_align_merge_and_value_match_cpu(dtype):
     for part in (terms[:2], terms[2:]):
         cpu, tri = _state(n), _state(n, DEVICE)
         for j, t in enumerate(part):
-            _C.add_to_bins(*cpu, t, empty=j == 0)
-            triton_binned.add_to_bins(*tri, t.to(DEVICE), empty=j == 0)
+            _C.add_to_bins(*cpu, [t], empty=j == 0)
+            triton_binned.add_to_bins(*tri, [t.to(DEVICE)], empty=j == 0)
             assert _same(cpu, tri), (dtype, j)
+        at_once = _state(n, DEVICE)
+        triton_binned.add_to_bins(*at_once, [t.to(DEVICE) for t in part], empty=True)
+        assert _same(cpu, at_once), dtype
         halves.append((cpu, tri))
     (a_cpu, a_tri), (b_cpu, b_tri) = halves
     top = torch.maximum(a_cpu[0], b_cpu[0])
@@ -92,9 +95,12 @@ def test_add_align_merge_and_value_match_cpu(dtype):
 def test_refuses_what_the_cpu_refuses():
     state = _state(4, DEVICE)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
-        triton_binned.add_to_bins(*state, torch.zeros(4, dtype=torch.float64, device=DEVICE))
+        triton_binned.add_to_bins(*state, [torch.zeros(4, dtype=torch.float64, device=DEVICE)])
     with pytest.raises(ValueError, match="has 3 elements"):
-        triton_binned.add_to_bins(*state, torch.zeros(3, device=DEVICE))
+        triton_binned.add_to_bins(*state, [torch.zeros(4, device=DEVICE), torch.zeros(3, device=DEVICE)])
+    with pytest.raises(ValueError, match="of one dtype"):
+        triton_binned.add_to_bins(*state, [torch.zeros(4, device=DEVICE),
+                                           torch.zeros(4, dtype=torch.bfloat16, device=DEVICE)])
     with pytest.raises(ValueError, match="not positive"):
         triton_binned.value_of_bins(torch.empty(4, device=DEVICE), state[1], state[2], 0.0)
 
@@ -104,7 +110,7 @@ def test_compiled_kernels_divide_and_add_as_the_cpu(monkeypatch):
     approximate division and no fused multiply-add; the value divides correctly rounded."""
     skip_without_compiler()
     ptxs = []
-    calls = [("_add_kernel", lambda: triton_binned.add_to_bins(*_state(64), torch.ones(64, dtype=torch.bfloat16))),
+    calls = [("_add_kernel", lambda: triton_binned.add_to_bins(*_state(64), [torch.ones(64, dtype=torch.bfloat16)])),
              ("_merge_kernel", lambda: triton_binned.merge_bins(*_state(64), *_state(64))),
              ("_value_kernel", lambda: triton_binned.value_of_bins(torch.empty(64, dtype=torch.float16),
                                                                    *_state(64)[1:], 3.0))]

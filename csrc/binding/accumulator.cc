@@ -1,6 +1,7 @@
 #include "binding/accumulator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <ATen/Parallel.h>
 
@@ -40,39 +41,74 @@ void dispatch_gradient(at::ScalarType dtype, F&& f) {
   });
 }
 
-// x86-64's baseline (SSE2) cannot vectorize binned_add_finite's mix of int8 and double
-// lanes; an AVX2 clone does, chosen when the library loads (the pass then runs at the
-// memory's rate: 38 bytes per term).
+// x86-64's baseline (SSE2) cannot vectorize these loops' mix of int8, int32 and double
+// lanes; an AVX2 clone does, chosen when the library loads.
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PYCOMM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PYCOMM_VECTOR_CLONES
 #endif
 
-// binned_add of terms [begin, end): runs of kRun finite terms without a branch per term.
-// kEmpty: the state holds no term yet, and is written without being read.
-template <class T, bool kEmpty, bool kFinite>
-inline void add_term(const T* x, int8_t* i, double* h, double* l, int64_t k) {
-  int8_t index = kEmpty ? kNoBin : i[k];
-  double hi = kEmpty ? 0.0 : h[k], lo = kEmpty ? 0.0 : l[k];
-  if constexpr (kFinite)
-    binned_add_finite(index, hi, lo, Numeric<T>::load(x[k]));
-  else
-    binned_add(index, hi, lo, Numeric<T>::load(x[k]));
+constexpr int64_t kRun = 256;
+
+// Adds the terms x[0..count) at element k, one by one (binned_add: any term, NaN and
+// infinities included). `empty`: the state holds no term yet.
+template <class T>
+void add_one_by_one(const T* const* x, int count, int8_t* i, double* h, double* l, int64_t k, bool empty) {
+  int8_t index = empty ? kNoBin : i[k];
+  double hi = empty ? 0.0 : h[k], lo = empty ? 0.0 : l[k];
+  for (int j = 0; j < count; ++j) binned_add(index, hi, lo, Numeric<T>::load(x[j][k]));
   i[k] = index, h[k] = hi, l[k] = lo;
 }
 
-template <class T, bool kEmpty>
-PYCOMM_VECTOR_CLONES void add_terms(const T* x, int8_t* i, double* h, double* l, int64_t begin, int64_t end) {
-  constexpr int64_t kRun = 256;
+// binned_add of `count` terms into elements [begin, end), in runs of kRun elements. A run
+// whose terms are all finite is added in passes: the run's new indices (the largest bin
+// of the state and its terms), the state aligned to them once, then each term added within
+// its bins (binned_add_within, with the bins' units computed once). This gives
+// binned_add's bits, since a state depends only on the multiset of its terms; each pass
+// vectorizes, and the state is read and written once for all the terms. std::trunc in
+// place of trunc_small: the same integer (or -0.0 for +0.0, which changes no bin), and one
+// instruction where vectorized.
+template <class T>
+PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, double* h, double* l, int64_t begin,
+                                   int64_t end, bool empty) {
+  int32_t from[kRun], to[kRun];
+  double hi[kRun], lo[kRun], down[kRun], up[kRun];
   for (int64_t run = begin; run < end; run += kRun) {
-    const int64_t stop = std::min(end, run + kRun);
+    const int64_t len = std::min(end - run, kRun);
     int32_t largest = 0;
-    for (int64_t k = run; k < stop; ++k) largest = std::max(largest, magnitude_bits(Numeric<T>::load(x[k])));
-    if (!nonfinite_magnitude(largest))
-      for (int64_t k = run; k < stop; ++k) add_term<T, kEmpty, true>(x, i, h, l, k);
-    else
-      for (int64_t k = run; k < stop; ++k) add_term<T, kEmpty, false>(x, i, h, l, k);
+    for (int64_t k = 0; k < len; ++k) from[k] = to[k] = empty ? kNoBin : i[run + k];
+    for (int j = 0; j < count; ++j) {
+      const T* t = x[j] + run;
+      for (int64_t k = 0; k < len; ++k) {
+        const int32_t a = magnitude_bits(Numeric<T>::load(t[k]));
+        largest = std::max(largest, a);
+        to[k] = std::max(to[k], a != 0 ? bin_of_magnitude(a) : int32_t{kNoBin});
+      }
+    }
+    if (nonfinite_magnitude(largest)) {
+      for (int64_t k = run; k < run + len; ++k) add_one_by_one(x, count, i, h, l, k, empty);
+      continue;
+    }
+    for (int64_t k = 0; k < len; ++k) {  // binned_align, as selects
+      const double state_hi = empty ? 0.0 : h[run + k], state_lo = empty ? 0.0 : l[run + k];
+      const int32_t rise = to[k] - from[k];
+      const bool finite = !nonfinite_magnitude(magnitude_bits(state_hi));
+      lo[k] = rise == 0 ? state_lo : !finite || rise >= 2 ? 0.0 : state_hi;
+      hi[k] = finite && rise > 0 ? 0.0 : state_hi;
+      const int32_t b = to[k] == kNoBin ? 0 : to[k];  // no bin: every term is 0, any finite unit will do
+      down[k] = bin_unit(-b), up[k] = bin_unit(b);
+    }
+    for (int j = 0; j < count; ++j) {
+      const T* t = x[j] + run;
+      for (int64_t k = 0; k < len; ++k) {  // binned_add_within
+        const double v = Numeric<T>::load(t[k]);
+        const double top = std::trunc(v * down[k]) * up[k];
+        hi[k] += top;
+        lo[k] += std::trunc((v - top) * (down[k] * 0x1p32)) * (up[k] * 0x1p-32);
+      }
+    }
+    for (int64_t k = 0; k < len; ++k) i[run + k] = static_cast<int8_t>(to[k]), h[run + k] = hi[k], l[run + k] = lo[k];
   }
 }
 
@@ -80,19 +116,24 @@ PYCOMM_VECTOR_CLONES void add_terms(const T* x, int8_t* i, double* h, double* l,
 
 int64_t binned_max_terms() { return kBinnedMaxTerms; }
 
-void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Tensor& terms, bool empty) {
+void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::vector<at::Tensor>& terms,
+                 bool empty) {
   check_state(index, hi, lo);
-  check(terms, index.numel(), "the gradient");
-  dispatch_gradient(terms.scalar_type(), [&](auto tag) {
+  TORCH_CHECK_VALUE(!terms.empty() || !empty, "pycomm: exact accumulator: an empty state needs at least one term");
+  if (terms.empty()) return;
+  for (const auto& t : terms) {
+    check(t, index.numel(), "a gradient");
+    TORCH_CHECK_VALUE(t.scalar_type() == terms[0].scalar_type(), "pycomm: exact accumulator: the gradients added "
+                      "together are of one dtype, not ", terms[0].scalar_type(), " and ", t.scalar_type());
+  }
+  dispatch_gradient(terms[0].scalar_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T* x = static_cast<const T*>(terms.data_ptr());
+    std::vector<const T*> x;
+    for (const auto& t : terms) x.push_back(static_cast<const T*>(t.data_ptr()));
     int8_t* i = index.data_ptr<int8_t>();
     double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
     at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      if (empty)
-        add_terms<T, true>(x, i, h, l, begin, end);
-      else
-        add_terms<T, false>(x, i, h, l, begin, end);
+      add_runs<T>(x.data(), static_cast<int>(x.size()), i, h, l, begin, end, empty);
     });
   });
 }
