@@ -144,6 +144,10 @@ class ExactDataParallel:
         self._index = torch.full((padded,), _NO_BIN, dtype=torch.int8, device=device)  # each step's first
         self._hi = torch.zeros(padded, dtype=torch.float64, device=device)  # term writes a parameter's state;
         self._lo = torch.zeros(padded, dtype=torch.float64, device=device)  # the padding stays empty
+        # The merge's buffers, kept from step to step (new pages cost more than the copies):
+        # the largest index over the ranks, and this rank's shard of the merged bins.
+        self._merged = (torch.empty(padded, dtype=torch.int8, device=device),
+                        torch.empty(2, self._width, dtype=torch.float64, device=device))
         self._taken = [0] * len(self.params)
         self._kept = [[] for _ in self.params]  # each parameter's gradients not yet in its state
         if broadcast_parameters:
@@ -223,11 +227,11 @@ class ExactDataParallel:
             # rank's shard (reduce-scatter: the integers in the bins add exactly, in any
             # order), the shard's values, then the values gathered: 4 bytes per parameter
             # where the bins are 16.
-            top = self._index.clone()
+            top = self._merged[0]
+            top.copy_(self._index)
             self._all_reduce(top, dist.ReduceOp.MAX)
             self._ops.align_bins(self._index, self._hi, self._lo, top)
-            del top
-            hi, lo = (torch.empty_like(self._hi[:self._width]) for _ in range(2))
+            hi, lo = self._merged[1]
             _exact_reduce_scatter(hi, self._hi, self.group)
             _exact_reduce_scatter(lo, self._lo, self.group)
             mine = torch.empty(self._width, dtype=torch.float32, device=hi.device)

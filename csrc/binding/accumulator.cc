@@ -66,9 +66,11 @@ void add_one_by_one(const T* const* x, int count, int8_t* i, double* h, double* 
 // of the state and its terms), the state aligned to them once, then each term added within
 // its bins (binned_add_within, with the bins' units computed once). This gives
 // binned_add's bits, since a state depends only on the multiset of its terms; each pass
-// vectorizes, and the state is read and written once for all the terms. std::trunc in
-// place of trunc_small: the same integer (or -0.0 for +0.0, which changes no bin), and one
-// instruction where vectorized.
+// vectorizes, and the state is read and written once for all the terms. The terms are
+// added in the bins' units (the run's bins as integers: q = x / 2^(32 I) exactly, its
+// integer part into hi, the next 32 bits into lo), scaled back once: every step is exact,
+// as in binned_add_within. std::trunc in place of trunc_small: the same integer (or -0.0
+// for +0.0, which changes no bin), and one instruction where vectorized.
 template <class T>
 PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, double* h, double* l, int64_t begin,
                                    int64_t end, bool empty) {
@@ -98,17 +100,19 @@ PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, doub
       hi[k] = finite && rise > 0 ? 0.0 : state_hi;
       const int32_t b = to[k] == kNoBin ? 0 : to[k];  // no bin: every term is 0, any finite unit will do
       down[k] = bin_unit(-b), up[k] = bin_unit(b);
+      hi[k] *= down[k], lo[k] *= down[k] * 0x1p32;  // a non-finite hi stays itself
     }
     for (int j = 0; j < count; ++j) {
       const T* t = x[j] + run;
-      for (int64_t k = 0; k < len; ++k) {  // binned_add_within
-        const double v = Numeric<T>::load(t[k]);
-        const double top = std::trunc(v * down[k]) * up[k];
+      for (int64_t k = 0; k < len; ++k) {  // binned_add_within, in units
+        const double q = Numeric<T>::load(t[k]) * down[k];
+        const double top = std::trunc(q);
         hi[k] += top;
-        lo[k] += std::trunc((v - top) * (down[k] * 0x1p32)) * (up[k] * 0x1p-32);
+        lo[k] += std::trunc((q - top) * 0x1p32);
       }
     }
-    for (int64_t k = 0; k < len; ++k) i[run + k] = static_cast<int8_t>(to[k]), h[run + k] = hi[k], l[run + k] = lo[k];
+    for (int64_t k = 0; k < len; ++k)
+      i[run + k] = static_cast<int8_t>(to[k]), h[run + k] = hi[k] * up[k], l[run + k] = lo[k] * (up[k] * 0x1p-32);
   }
 }
 
@@ -146,8 +150,11 @@ void align_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Ten
   int8_t* i = index.data_ptr<int8_t>();
   double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
   at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    // Most elements have their bin on every rank (a bin spans 32 binades): their state is
+    // neither changed nor written.
     for (int64_t k = begin; k < end; ++k) {
-      TORCH_CHECK_VALUE(t[k] >= i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
+      if (t[k] == i[k]) continue;
+      TORCH_CHECK_VALUE(t[k] > i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
       pycomm::binned_align(i[k], h[k], l[k], t[k]);
     }
   });
