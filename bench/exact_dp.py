@@ -9,8 +9,9 @@ rank computing 8 / np of them, on a pycomm group (one intra-op thread per rank):
 
 * ddp: DistributedDataParallel, no_sync for all but the last local micro-batch (the
   gradients added in float in .grad, one all-reduce per step);
-* exact: pycomm.exact_data_parallel (each micro-batch's gradients moved into the binned
-  state, a MAX and a SUM all-reduce of the states per step, the mean rounded once);
+* exact: pycomm.exact_data_parallel (each micro-batch's gradients kept and added into the
+  binned state four at a time; per step a MAX all-reduce of the bin index, a reduce-scatter
+  of the bins and an all-gather of the mean, rounded once);
 * fsdp: FSDP2 (every Linear and the root fully_shard-ed), its own accumulation: without
   gradient sync for all but the last local micro-batch (the unsharded gradients kept in
   float), one reduce-scatter per module and step;
