@@ -150,11 +150,11 @@ void align_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Ten
   int8_t* i = index.data_ptr<int8_t>();
   double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
   at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    // Most elements have their bin on every rank (a bin spans 32 binades): their state is
-    // neither changed nor written.
+    // Most elements have their bin on every rank (a bin spans 32 binades): a finite state
+    // there is neither changed nor written (a non-finite one drops its lo).
     for (int64_t k = begin; k < end; ++k) {
-      if (t[k] == i[k]) continue;
-      TORCH_CHECK_VALUE(t[k] > i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
+      if (t[k] == i[k] && !nonfinite_magnitude(magnitude_bits(h[k]))) continue;
+      TORCH_CHECK_VALUE(t[k] >= i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
       pycomm::binned_align(i[k], h[k], l[k], t[k]);
     }
   });
