@@ -92,12 +92,9 @@ PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, doub
       for (int64_t k = run; k < run + len; ++k) add_one_by_one(x, count, i, h, l, k, empty);
       continue;
     }
-    for (int64_t k = 0; k < len; ++k) {  // binned_align, as selects
-      const double state_hi = empty ? 0.0 : h[run + k], state_lo = empty ? 0.0 : l[run + k];
-      const int32_t rise = to[k] - from[k];
-      const bool finite = !nonfinite_magnitude(magnitude_bits(state_hi));
-      lo[k] = rise == 0 ? state_lo : !finite || rise >= 2 ? 0.0 : state_hi;
-      hi[k] = finite && rise > 0 ? 0.0 : state_hi;
+    for (int64_t k = 0; k < len; ++k) {
+      hi[k] = empty ? 0.0 : h[run + k], lo[k] = empty ? 0.0 : l[run + k];
+      binned_raise(to[k] - from[k], hi[k], lo[k]);
       const int32_t b = to[k] == kNoBin ? 0 : to[k];  // no bin: every term is 0, any finite unit will do
       down[k] = bin_unit(-b), up[k] = bin_unit(b);
       hi[k] *= down[k], lo[k] *= down[k] * 0x1p32;  // a non-finite hi stays itself

@@ -314,16 +314,20 @@ PYCOMM_HD void binned_add_within(int8_t index, double& hi, double& lo, float x) 
   lo += trunc_small((v - top) * bin_unit(1 - b)) * bin_unit(b - 1);
 }
 
-// binned_add of a finite term: binned_align to the term's bin where it is above the
-// index, written as selects (no branch, no integer conversion of a double), so that
-// loops of it vectorize.
-PYCOMM_HD void binned_add_finite(int8_t& index, double& hi, double& lo, float x) {
-  const int32_t a = magnitude_bits(x);
-  const int32_t to = a != 0 && bin_of_magnitude(a) > index ? bin_of_magnitude(a) : index;
-  const int32_t rise = to - index;
+// The bins shifted up by `rise` (>= 0) bins before a finite term is added: binned_align
+// written as selects (no branch, no integer conversion of a double), so that loops of it
+// vectorize; a non-finite hi stays, and keeps its lo where nothing rises.
+PYCOMM_HD void binned_raise(int32_t rise, double& hi, double& lo) {
   const bool finite = !nonfinite_magnitude(magnitude_bits(hi));
   lo = rise == 0 ? lo : !finite || rise >= 2 ? 0.0 : hi;
   hi = finite && rise > 0 ? 0.0 : hi;
+}
+
+// binned_add of a finite term: binned_raise to the term's bin where it is above the index.
+PYCOMM_HD void binned_add_finite(int8_t& index, double& hi, double& lo, float x) {
+  const int32_t a = magnitude_bits(x);
+  const int32_t to = a != 0 && bin_of_magnitude(a) > index ? bin_of_magnitude(a) : index;
+  binned_raise(to - index, hi, lo);
   index = static_cast<int8_t>(to);
   binned_add_within(index, hi, lo, x);
 }
