@@ -95,11 +95,14 @@ def plan(dry):
 
     jobs = str(min(os.cpu_count() or 1, 16))
 
-    def worlds(limit_s):
+    def worlds(limit_s, workers=1):
         """A test step's worlds: a deadline short of the step's limit, so that a hung world
         reports its ranks' stacks; fresh interpreters for ranks (the suite's zygote forks
-        them from a process that imported pycomm, not tried beside CUDA)."""
-        return {"PYCOMM_TEST_WORLD_DEADLINE_S": str(limit_s - 40), "PYCOMM_TEST_FRESH_INTERPRETERS": "1"}
+        them from a process that imported pycomm, not tried beside CUDA); each of the step's
+        pytest workers a share of the cores for torch's host ops (a thread per core in every
+        worker overran the cores, and the ranks' own worlds beside them)."""
+        return {"PYCOMM_TEST_WORLD_DEADLINE_S": str(limit_s - 40), "PYCOMM_TEST_FRESH_INTERPRETERS": "1",
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
 
     sanitizer = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", "--target-processes", "all"]
     return [
@@ -115,7 +118,7 @@ def plan(dry):
         # ranks' host work outnumbered 16 cores and every step ran several times slower.
         Step("cuda-tests", 130, "tests/test_cuda.py (kernels, collectives, flag one-shot): bits equal to the CPU's",
              tests("tests/test_cuda.py", "-k", "not layered and not missing_peer", parallel=["-n", "8"]),
-             env=worlds(130), mps=True),
+             env=worlds(130, 8), mps=True),
         # Alone and time-sliced: a killed peer's memory, mapped into a kernel of a rank
         # that survives, must not fault beside other processes sharing an MPS server.
         Step("cuda-faults", 60, "tests/test_cuda.py's flag one-shot with a peer asleep or killed: reported in time",
@@ -123,10 +126,10 @@ def plan(dry):
         Step("triton-tests", 90, "tests/test_triton_kernels.py and tests/test_triton_binned.py compiled for the GPU: "
              "bits equal to the CPU ops",
              tests("tests/test_triton_kernels.py", "tests/test_triton_binned.py", parallel=["-n", "8"]),
-             env=dict(worlds(90), PYCOMM_TRITON_ON_GPU="0" if dry else "1"), mps=True),
+             env=dict(worlds(90, 8), PYCOMM_TRITON_ON_GPU="0" if dry else "1"), mps=True),
         Step("layered", 120, "layered path on CUDA tensors (NCCL at 1 rank, gloo at 2 and 4), CUDA and Triton "
              "kernels: the native CPU bits", tests("tests/test_cuda.py", "-k", "layered", parallel=["-n", "6"]),
-             env=worlds(120), mps=True),
+             env=worlds(120, 6), mps=True),
         Step("throughput", 60, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
              own("throughput"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
