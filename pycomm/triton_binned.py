@@ -43,7 +43,7 @@ def _align(index, hi, lo, to):
     """numerics.h binned_align: the state (index, hi, lo) shifted to `to` (>= index)."""
     rise = to - index
     finite = _finite64(hi)
-    lo = tl.where((~finite) | (rise >= 2), 0.0, tl.where(rise == 1, hi, lo))
+    lo = tl.where(rise == 0, lo, tl.where((~finite) | (rise >= 2), 0.0, hi))
     hi = tl.where(finite & (rise > 0), 0.0, hi)
     return hi, lo
 

@@ -71,9 +71,9 @@ void add_one_by_one(const T* const* x, int count, int8_t* i, double* h, double* 
 // integer part into hi, the next 32 bits into lo), scaled back once: every step is exact,
 // as in binned_add_within. std::trunc in place of trunc_small: the same integer (or -0.0
 // for +0.0, which changes no bin), and one instruction where vectorized.
-template <class T>
+template <class T, bool empty>
 PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, double* h, double* l, int64_t begin,
-                                   int64_t end, bool empty) {
+                                   int64_t end) {
   int32_t from[kRun], to[kRun];
   double hi[kRun], lo[kRun], down[kRun], up[kRun];
   for (int64_t run = begin; run < end; run += kRun) {
@@ -113,6 +113,22 @@ PYCOMM_VECTOR_CLONES void add_runs(const T* const* x, int count, int8_t* i, doub
   }
 }
 
+PYCOMM_VECTOR_CLONES bool same_indices(const int8_t* a, const int8_t* b, int64_t n) {
+  int8_t differ = 0;
+  for (int64_t k = 0; k < n; ++k) differ |= a[k] ^ b[k];
+  return differ == 0;
+}
+
+// The states' values / divisor, rounded once (float32, then T as value_of_bins says).
+template <class T>
+PYCOMM_VECTOR_CLONES void values_of_bins(T* o, const double* h, const double* l, int64_t begin, int64_t end,
+                                         double divisor) {
+  for (int64_t k = begin; k < end; ++k) {
+    const double sum = binned_value(h[k], l[k]);
+    o[k] = Numeric<T>::store(sum != sum ? exact_nonfinite<float>(1u) : static_cast<float>(sum / divisor));
+  }
+}
+
 }  // namespace
 
 int64_t binned_max_terms() { return kBinnedMaxTerms; }
@@ -134,7 +150,9 @@ void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::v
     int8_t* i = index.data_ptr<int8_t>();
     double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
     at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      add_runs<T>(x.data(), static_cast<int>(x.size()), i, h, l, begin, end, empty);
+      const int count = static_cast<int>(x.size());
+      empty ? add_runs<T, true>(x.data(), count, i, h, l, begin, end)
+            : add_runs<T, false>(x.data(), count, i, h, l, begin, end);
     });
   });
 }
@@ -147,12 +165,15 @@ void align_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const at::Ten
   int8_t* i = index.data_ptr<int8_t>();
   double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
   at::parallel_for(0, index.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    // Most elements have their bin on every rank (a bin spans 32 binades): a finite state
-    // there is neither changed nor written (a non-finite one drops its lo).
-    for (int64_t k = begin; k < end; ++k) {
-      if (t[k] == i[k] && !nonfinite_magnitude(magnitude_bits(h[k]))) continue;
-      TORCH_CHECK_VALUE(t[k] >= i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
-      pycomm::binned_align(i[k], h[k], l[k], t[k]);
+    // Most elements have their bin on every rank (a bin spans 32 binades): where nothing
+    // rises, the state is neither read nor written.
+    for (int64_t run = begin; run < end; run += kRun) {
+      const int64_t stop = std::min(end, run + kRun);
+      if (same_indices(i + run, t + run, stop - run)) continue;
+      for (int64_t k = run; k < stop; ++k) {
+        TORCH_CHECK_VALUE(t[k] >= i[k], "pycomm: exact accumulator: a state cannot be aligned to a lower bin");
+        pycomm::binned_align(i[k], h[k], l[k], t[k]);
+      }
     }
   });
 }
@@ -191,13 +212,8 @@ void value_of_bins(at::Tensor& out, const at::Tensor& hi, const at::Tensor& lo, 
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out.data_ptr());
     const double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
-    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const double sum = pycomm::binned_value(h[k], l[k]);
-        const float v = sum != sum ? exact_nonfinite<float>(1u) : static_cast<float>(sum / divisor);
-        o[k] = Numeric<T>::store(v);
-      }
-    });
+    at::parallel_for(0, n, kGrain,
+                     [&](int64_t begin, int64_t end) { values_of_bins<T>(o, h, l, begin, end, divisor); });
   });
 }
 

@@ -284,15 +284,6 @@ PYCOMM_HD int32_t bin_of_magnitude(int32_t magnitude) {
 }
 PYCOMM_HD int8_t bin_of(float x) { return static_cast<int8_t>(bin_of_magnitude(magnitude_bits(x))); }
 
-// The state shifted to index `to` (>= index).
-PYCOMM_HD void binned_align(int8_t& index, double& hi, double& lo, int8_t to) {
-  const int rise = to - index;
-  const bool finite = !nonfinite_magnitude(magnitude_bits(hi));
-  lo = !finite || rise >= 2 ? 0.0 : rise == 1 ? hi : lo;
-  hi = finite && rise > 0 ? 0.0 : hi;
-  index = to;
-}
-
 // q truncated toward zero, for |q| < 2^51: rounded to an integer by adding and subtracting
 // 1.5 * 2^52 (to nearest), then stepped back toward zero where that rounded away. No
 // branch and no integer conversion, so that loops of it vectorize.
@@ -314,13 +305,20 @@ PYCOMM_HD void binned_add_within(int8_t index, double& hi, double& lo, float x) 
   lo += trunc_small((v - top) * bin_unit(1 - b)) * bin_unit(b - 1);
 }
 
-// The bins shifted up by `rise` (>= 0) bins before a finite term is added: binned_align
-// written as selects (no branch, no integer conversion of a double), so that loops of it
-// vectorize; a non-finite hi stays, and keeps its lo where nothing rises.
+// The bins shifted up by `rise` (>= 0) bins: hi moves into lo, lo out of the state; two
+// bins or more, both out. A non-finite hi stays (its lo no longer counts); no rise changes
+// nothing. Written as selects (no branch, no integer conversion of a double), so that
+// loops of it vectorize.
 PYCOMM_HD void binned_raise(int32_t rise, double& hi, double& lo) {
   const bool finite = !nonfinite_magnitude(magnitude_bits(hi));
   lo = rise == 0 ? lo : !finite || rise >= 2 ? 0.0 : hi;
   hi = finite && rise > 0 ? 0.0 : hi;
+}
+
+// The state shifted to index `to` (>= index).
+PYCOMM_HD void binned_align(int8_t& index, double& hi, double& lo, int8_t to) {
+  binned_raise(to - index, hi, lo);
+  index = to;
 }
 
 // binned_add of a finite term: binned_raise to the term's bin where it is above the index.
@@ -341,14 +339,15 @@ PYCOMM_HD void binned_add(int8_t& index, double& hi, double& lo, float x) {
 
 // hi + lo rounded to a double by round-to-odd (the exact sum's last bit kept sticky), so
 // that rounding it once more to float32 gives the exact sum correctly rounded.
+// A non-finite hi is the value. Written as selects, so that loops of it vectorize.
 PYCOMM_HD double binned_value(double hi, double lo) {
-  if (nonfinite_magnitude(magnitude_bits(hi))) return hi;
   const double s = hi + lo;
   const double b = s - hi;
   const double error = (hi - (s - b)) + (lo - b);  // hi + lo - s, exactly (TwoSum)
   const int64_t bits = bit_cast_<int64_t>(s);
-  if (error == 0.0 || (bits & 1)) return s;
-  return bit_cast_<double>((error > 0) == (s > 0) ? bits + 1 : bits - 1);  // one ulp toward the exact sum
+  const int64_t toward = (error > 0) == (s > 0) ? 1 : -1;  // one ulp toward the exact sum
+  const int64_t odd = error == 0.0 || (bits & 1) ? bits : bits + toward;
+  return nonfinite_magnitude(magnitude_bits(hi)) ? hi : bit_cast_<double>(odd);
 }
 
 // ---- Wire codecs (compression) ----
