@@ -145,9 +145,13 @@ class ExactDataParallel:
         self._hi = torch.zeros(padded, dtype=torch.float64, device=device)  # term writes a parameter's state;
         self._lo = torch.zeros(padded, dtype=torch.float64, device=device)  # the padding stays empty
         # The merge's buffers, kept from step to step (new pages cost more than the copies):
-        # the largest index over the ranks, and this rank's shard of the merged bins.
+        # the largest index over the ranks, this rank's shard of the merged bins and its
+        # values; and the gathered values, which the .grad views share (reused only once
+        # no tensor does).
         self._merged = (torch.empty(padded, dtype=torch.int8, device=device),
-                        torch.empty(2, self._width, dtype=torch.float64, device=device))
+                        torch.empty(2, self._width, dtype=torch.float64, device=device),
+                        torch.empty(self._width, dtype=torch.float32, device=device))
+        self._values = torch.empty(padded, dtype=torch.float32, device=device)
         self._taken = [0] * len(self.params)
         self._kept = [[] for _ in self.params]  # each parameter's gradients not yet in its state
         if broadcast_parameters:
@@ -227,16 +231,16 @@ class ExactDataParallel:
             # rank's shard (reduce-scatter: the integers in the bins add exactly, in any
             # order), the shard's values, then the values gathered: 4 bytes per parameter
             # where the bins are 16.
-            top = self._merged[0]
+            top, (hi, lo), mine = self._merged
             top.copy_(self._index)
             self._all_reduce(top, dist.ReduceOp.MAX)
             self._ops.align_bins(self._index, self._hi, self._lo, top)
-            hi, lo = self._merged[1]
             _exact_reduce_scatter(hi, self._hi, self.group)
             _exact_reduce_scatter(lo, self._lo, self.group)
-            mine = torch.empty(self._width, dtype=torch.float32, device=hi.device)
             self._ops.value_of_bins(mine, hi, lo, float(total) if self.average and total else 1.0)
-            values = torch.empty(self._width * self._ranks, dtype=torch.float32, device=hi.device)
+            if not _unshared(self._values):  # the last step's gradients are still in use
+                self._values = torch.empty_like(self._values)
+            values = self._values
             _exact_all_gather(values, mine, self.group)
         else:
             n = self._slices[-1].stop if self._slices else 0
@@ -269,6 +273,12 @@ class ExactDataParallel:
         for h in getattr(self, "_handles", []):
             h.remove()
         self._handles = []
+
+
+def _unshared(tensor):
+    """Whether no other tensor (a view of it included) shares ``tensor``'s memory: its
+    storage is held by ``tensor`` and by the storage object asked here alone."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) == 2
 
 
 def _on_pycomm(group, device):

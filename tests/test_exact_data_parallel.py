@@ -414,6 +414,39 @@ def unused_parameters_world(rank, ws):
         ["the unused parameters' gradients are the last step's"]
 
 
+def kept_gradients_world(rank, ws):
+    """The last step's gradients, where a tensor still holds them, are not overwritten by
+    the next step's; once none does, their memory takes the next step's."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    edp = pycomm.exact_data_parallel(model)
+
+    def step(seed):
+        model.zero_grad()
+        model(torch.full((2, 4), float(seed + rank))).sum().backward()
+        edp.reduce_gradients()
+        return [p.grad for p in model.parameters()]
+
+    problems = []
+    kept = step(1)
+    copies = [g.clone() for g in kept]
+    second = step(2)
+    if not all(torch.equal(g, c) for g, c in zip(kept, copies)):
+        problems.append("a gradient held from the last step was overwritten")
+    if torch.equal(second[0], kept[0]):
+        problems.append("the second step's gradient is the first's")
+    where = [g.data_ptr() for g in second]
+    del kept, second
+    if [g.data_ptr() for g in step(3)] != where:
+        problems.append("the gradients of a step no tensor holds any more were not reused")
+    return problems
+
+
+def test_gradients_held_past_a_step_keep_their_values():
+    for problems in run_world(kept_gradients_world, 2, timeout=120):
+        assert not problems, problems
+
+
 def test_merged_states_are_checked_against_the_bound():
     for problems in run_world(merged_bound_world, 2, timeout=120):
         assert not problems, problems
