@@ -19,11 +19,14 @@ rank computing 8 / np of them, on a pycomm group (one intra-op thread per rank):
   into this rank's shard of the binned state: per module a MAX all-reduce of the bin
   index and a reduce-scatter of the bins).
 
-The variants alternate, each in a world of its own, --rounds times; a world times --steps
-steps after one warm-up step and reports the median step time of rank 0 and every rank's
-peak RSS. Printed: median over rounds of each variant's median step time, against its
-baseline (exact: ddp, fsdp-exact: fsdp), and the peak RSS of each with the difference per
-parameter.
+Step times: --rounds worlds, each training every variant (a model, wrapper and optimizer
+of its own) a step of each in turn, the order reversed every other step, --steps steps
+after one warm-up step; rank 0 times them. Each variant's step is timed beside its
+baseline's (exact: ddp, fsdp-exact: fsdp), so that the machine's drift, larger here than
+the differences measured, falls on both alike. Memory: each variant alone in a world of
+its own (a warm-up step and one more), every rank's peak RSS. Printed: each variant's
+median step time over all steps, the median of its steps' ratios to the baseline's step
+beside each, its median per round, and its peak RSS with the difference per parameter.
 """
 
 import argparse
@@ -42,21 +45,9 @@ MICRO_BATCHES = 8
 BASELINE = {"ddp": "ddp", "exact": "ddp", "fsdp": "fsdp", "fsdp-exact": "fsdp"}
 
 
-def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
-    import torch
-    import torch.distributed as dist
-
-    import pycomm
-
-    torch.set_num_threads(1)
-    dist.init_process_group("pycomm", init_method="file://" + init_file, rank=rank, world_size=world)
+def _variant(torch, dist, pycomm, variant, data):
+    """One variant's model, wrapper and optimizer: returns its training step."""
     model = _training.model(torch)
-    params = sum(p.numel() for p in model.parameters())
-    mine = range(rank * MICRO_BATCHES // world, (rank + 1) * MICRO_BATCHES // world)
-    g = torch.Generator().manual_seed(rank)
-    first, last = _training.WIDTHS[0], _training.WIDTHS[-1]
-    data = [(torch.randn(micro_batch, first, generator=g), torch.randn(micro_batch, last, generator=g))
-            for _ in mine]
     if variant.startswith("fsdp"):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -74,10 +65,8 @@ def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
     else:
         trained = model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for step in range(steps + 1):
-        dist.barrier()
-        start = time.perf_counter()
+
+    def step():
         for i, (x, y) in enumerate(data):
             last = i == len(data) - 1
             if edp is not None:
@@ -94,13 +83,40 @@ def _rank(rank, world, variant, micro_batch, steps, init_file, queue):
             edp.reduce_gradients()
         opt.step()
         opt.zero_grad()
-        if step:
-            times.append(time.perf_counter() - start)
+
+    return step
+
+
+def _rank(rank, world, variants, micro_batch, steps, init_file, queue):
+    """Trains every variant of ``variants`` in these ranks, a step of each in turn (the
+    order reversed every other step), after one warm-up step each; puts rank 0's step times
+    and the peak RSS over the ranks on ``queue``."""
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    torch.set_num_threads(1)
+    dist.init_process_group("pycomm", init_method="file://" + init_file, rank=rank, world_size=world)
+    mine = range(rank * MICRO_BATCHES // world, (rank + 1) * MICRO_BATCHES // world)
+    g = torch.Generator().manual_seed(rank)
+    first, last = _training.WIDTHS[0], _training.WIDTHS[-1]
+    data = [(torch.randn(micro_batch, first, generator=g), torch.randn(micro_batch, last, generator=g))
+            for _ in mine]
+    train = {v: _variant(torch, dist, pycomm, v, data) for v in variants}
+    times = {v: [] for v in variants}
+    for step in range(steps + 1):
+        for v in variants if step % 2 == 0 else variants[::-1]:
+            dist.barrier()
+            start = time.perf_counter()
+            train[v]()
+            if step:
+                times[v].append(time.perf_counter() - start)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])  # MiB
     dist.all_reduce(rss, dist.ReduceOp.MAX)
     if rank == 0:
-        queue.put({"variant": variant, "step_s": statistics.median(times), "peak_rss_mib": rss.item(),
-                   "params": params})
+        queue.put({"variants": variants, "step_s": times, "peak_rss_mib": rss.item(),
+                   "params": sum(p.numel() for p in _training.model(torch).parameters())})
     dist.destroy_process_group()
 
 
@@ -119,32 +135,37 @@ def main():
     variants = args.variants.split(",")
     if any(v not in BASELINE or BASELINE[v] not in variants for v in variants):
         ap.error(f"--variants: of {', '.join(BASELINE)}, each with its baseline ({BASELINE})")
-    rows = []
-    for _ in range(args.rounds):
-        for variant in variants:
-            rows.append(_training.run_world(_rank, args.np, (variant, args.micro_batch, args.steps), args.timeout,
-                                            variant))
-    by = {v: [r for r in rows if r["variant"] == v] for v in variants}
-    step = {v: statistics.median(r["step_s"] for r in by[v]) for v in by}
-    rss = {v: statistics.median(r["peak_rss_mib"] for r in by[v]) for v in by}
-    params = rows[0]["params"]
+    # Step times: every variant in one world, step by step in turn, so that each exact
+    # step is timed beside its baseline's (this machine's speed drifts by more than the
+    # differences measured here between worlds run one after the other). Peak RSS: each
+    # variant in a world of its own.
+    rounds = [_training.run_world(_rank, args.np, (variants, args.micro_batch, args.steps), args.timeout, "paired")
+              for _ in range(args.rounds)]
+    memory = {v: _training.run_world(_rank, args.np, ([v], args.micro_batch, 1), args.timeout, v) for v in variants}
+    times = {v: [t for r in rounds for t in r["step_s"][v]] for v in variants}
+    step = {v: statistics.median(times[v]) for v in variants}
+    ratio = {v: statistics.median(a / b for a, b in zip(times[v], times[BASELINE[v]])) for v in variants}
+    per_round = {v: [statistics.median(r["step_s"][v]) for r in rounds] for v in variants}
+    rss = {v: memory[v]["peak_rss_mib"] for v in variants}
+    params = memory[variants[0]]["params"]
     print(f"exact_data_parallel vs DDP and FSDP2: {args.np} ranks, pycomm group, MLP {params / 1e6:.1f} M params, "
-          f"{MICRO_BATCHES} micro-batches of {args.micro_batch}, AdamW; median of {args.rounds} rounds x {args.steps} "
-          f"steps ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
-    print(f"{'variant':10} {'step_ms':>9} {'x_base':>6} {'peak_rss_MiB':>13} {'B/param_vs_base':>16}  step_ms per round")
+          f"{MICRO_BATCHES} micro-batches of {args.micro_batch}, AdamW; {args.rounds} rounds x {args.steps} steps of "
+          f"each variant, in turn ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    print(f"{'variant':10} {'step_ms':>9} {'x_base':>6} {'peak_rss_MiB':>13} {'B/param_vs_base':>16}  "
+          "median step_ms per round")
     for v in variants:
         base = BASELINE[v]
-        print(f"{v:10} {step[v] * 1e3:9.1f} {step[v] / step[base]:6.2f} {rss[v]:13.0f} "
-              f"{(rss[v] - rss[base]) * 2**20 / params:+16.1f}  " + " ".join(f"{r['step_s'] * 1e3:.0f}" for r in by[v]))
+        print(f"{v:10} {step[v] * 1e3:9.1f} {ratio[v]:6.2f} {rss[v]:13.0f} "
+              f"{(rss[v] - rss[base]) * 2**20 / params:+16.1f}  " + " ".join(f"{t * 1e3:.0f}" for t in per_round[v]))
     for v in variants:
         if BASELINE[v] != v:
-            print(f"{v}/{BASELINE[v]} step time: {step[v] / step[BASELINE[v]]:.2f}x; peak RSS "
-                  f"{rss[v] - rss[BASELINE[v]]:+.0f} MiB, {(rss[v] - rss[BASELINE[v]]) * 2**20 / params:+.1f} B per "
-                  "parameter")
+            print(f"{v}/{BASELINE[v]} step time: {ratio[v]:.2f}x (median of the {len(times[v])} steps' ratios to the "
+                  f"baseline's step beside each); peak RSS {rss[v] - rss[BASELINE[v]]:+.0f} MiB, "
+                  f"{(rss[v] - rss[BASELINE[v]]) * 2**20 / params:+.1f} B per parameter")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "step_s": step, "peak_rss_mib": rss, "params": params}, f,
-                      indent=1)
+            json.dump({"args": vars(args), "rounds": rounds, "memory": memory, "step_s": step, "ratio": ratio,
+                       "peak_rss_mib": rss, "params": params}, f, indent=1)
 
 
 if __name__ == "__main__":
