@@ -151,7 +151,7 @@ class ExactDataParallel:
         self._merged = (torch.empty(padded, dtype=torch.int8, device=device),
                         torch.empty(2, self._width, dtype=torch.float64, device=device),
                         torch.empty(self._width, dtype=torch.float32, device=device))
-        self._values = torch.empty(padded, dtype=torch.float32, device=device)
+        self._values = None
         self._taken = [0] * len(self.params)
         self._kept = [[] for _ in self.params]  # each parameter's gradients not yet in its state
         if broadcast_parameters:
@@ -238,8 +238,8 @@ class ExactDataParallel:
             _exact_reduce_scatter(hi, self._hi, self.group)
             _exact_reduce_scatter(lo, self._lo, self.group)
             self._ops.value_of_bins(mine, hi, lo, float(total) if self.average and total else 1.0)
-            if not _unshared(self._values):  # the last step's gradients are still in use
-                self._values = torch.empty_like(self._values)
+            if self._values is None or not _unshared(self._values):  # the last step's gradients are in use
+                self._values = torch.empty(self._width * self._ranks, dtype=torch.float32, device=hi.device)
             values = self._values
             _exact_all_gather(values, mine, self.group)
         else:
