@@ -59,8 +59,8 @@ def _add(index, hi, lo, x):
     unit = tl.where(to == -128, 0, to)  # no bin yet: x is 0, and any finite unit will do
     v = x.to(tl.float64)
     top = _trunc_small(v * _bin_unit(-unit)) * _bin_unit(unit)
-    new_hi = tl.where(to > index, raised_hi, hi) + top
-    new_lo = tl.where(to > index, raised_lo, lo) + _trunc_small((v - top) * _bin_unit(1 - unit)) * _bin_unit(unit - 1)
+    new_hi = raised_hi + top
+    new_lo = raised_lo + _trunc_small((v - top) * _bin_unit(1 - unit)) * _bin_unit(unit - 1)
     return tl.where(nonfinite, index, to), tl.where(nonfinite, hi + v, new_hi), tl.where(nonfinite, lo, new_lo)
 
 

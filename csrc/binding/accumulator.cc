@@ -121,8 +121,8 @@ PYCOMM_VECTOR_CLONES bool same_indices(const int8_t* a, const int8_t* b, int64_t
 
 // The states' values / divisor, rounded once (float32, then T as value_of_bins says).
 template <class T>
-PYCOMM_VECTOR_CLONES void values_of_bins(T* o, const double* h, const double* l, int64_t begin, int64_t end,
-                                         double divisor) {
+PYCOMM_VECTOR_CLONES void value_runs(T* o, const double* h, const double* l, int64_t begin, int64_t end,
+                                     double divisor) {
   for (int64_t k = begin; k < end; ++k) {
     const double sum = binned_value(h[k], l[k]);
     o[k] = Numeric<T>::store(sum != sum ? exact_nonfinite<float>(1u) : static_cast<float>(sum / divisor));
@@ -213,7 +213,7 @@ void value_of_bins(at::Tensor& out, const at::Tensor& hi, const at::Tensor& lo, 
     T* o = static_cast<T*>(out.data_ptr());
     const double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
     at::parallel_for(0, n, kGrain,
-                     [&](int64_t begin, int64_t end) { values_of_bins<T>(o, h, l, begin, end, divisor); });
+                     [&](int64_t begin, int64_t end) { value_runs<T>(o, h, l, begin, end, divisor); });
   });
 }
 
