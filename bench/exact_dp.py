@@ -26,12 +26,15 @@ baseline's (exact: ddp, fsdp-exact: fsdp), so that the machine's drift, larger h
 the differences measured, falls on both alike. Memory: each variant alone in a world of
 its own (a warm-up step and one more), every rank's peak RSS. Printed: each variant's
 median step time over all steps, the median of its steps' ratios to the baseline's step
-beside each, its median per round, and its peak RSS with the difference per parameter.
+beside each with a 95% confidence interval of that median (distribution-free: two order
+statistics of the ratios), its median per round, and its peak RSS with the difference per
+parameter.
 """
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import resource
@@ -43,6 +46,17 @@ import _training
 
 MICRO_BATCHES = 8
 BASELINE = {"ddp": "ddp", "exact": "ddp", "fsdp": "fsdp", "fsdp-exact": "fsdp"}
+
+
+def median_interval(values, confidence=0.95):
+    """A confidence interval of the median of ``values`` that assumes nothing of their
+    distribution: the order statistics k and n + 1 - k, k the largest for which
+    P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (the whole range where n is too small)."""
+    v, n = sorted(values), len(values)
+    below, k = 0.0, 0
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
+        below, k = below + math.comb(n, k) / 2**n, k + 1
+    return (v[k - 1], v[n - k]) if k else (v[0], v[-1])
 
 
 def _variant(torch, dist, pycomm, variant, data):
@@ -144,7 +158,9 @@ def main():
     memory = {v: _training.run_world(_rank, args.np, ([v], args.micro_batch, 1), args.timeout, v) for v in variants}
     times = {v: [t for r in rounds for t in r["step_s"][v]] for v in variants}
     step = {v: statistics.median(times[v]) for v in variants}
-    ratio = {v: statistics.median(a / b for a, b in zip(times[v], times[BASELINE[v]])) for v in variants}
+    ratios = {v: [a / b for a, b in zip(times[v], times[BASELINE[v]])] for v in variants}
+    ratio = {v: statistics.median(ratios[v]) for v in variants}
+    interval = {v: median_interval(ratios[v]) for v in variants}
     per_round = {v: [statistics.median(r["step_s"][v]) for r in rounds] for v in variants}
     rss = {v: memory[v]["peak_rss_mib"] for v in variants}
     params = memory[variants[0]]["params"]
@@ -159,13 +175,14 @@ def main():
               f"{(rss[v] - rss[base]) * 2**20 / params:+16.1f}  " + " ".join(f"{t * 1e3:.0f}" for t in per_round[v]))
     for v in variants:
         if BASELINE[v] != v:
+            low, high = interval[v]
             print(f"{v}/{BASELINE[v]} step time: {ratio[v]:.2f}x (median of the {len(times[v])} steps' ratios to the "
-                  f"baseline's step beside each); peak RSS {rss[v] - rss[BASELINE[v]]:+.0f} MiB, "
-                  f"{(rss[v] - rss[BASELINE[v]]) * 2**20 / params:+.1f} B per parameter")
+                  f"baseline's step beside each; 95% interval {low:.2f}-{high:.2f}); peak RSS "
+                  f"{rss[v] - rss[BASELINE[v]]:+.0f} MiB, {(rss[v] - rss[BASELINE[v]]) * 2**20 / params:+.1f} B per parameter")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": rounds, "memory": memory, "step_s": step, "ratio": ratio,
-                       "peak_rss_mib": rss, "params": params}, f, indent=1)
+                       "ratio_interval": interval, "peak_rss_mib": rss, "params": params}, f, indent=1)
 
 
 if __name__ == "__main__":
