@@ -176,9 +176,10 @@ def main():
     for v in variants:
         if BASELINE[v] != v:
             low, high = interval[v]
+            extra = rss[v] - rss[BASELINE[v]]
             print(f"{v}/{BASELINE[v]} step time: {ratio[v]:.2f}x (median of the {len(times[v])} steps' ratios to the "
-                  f"baseline's step beside each; 95% interval {low:.2f}-{high:.2f}); peak RSS "
-                  f"{rss[v] - rss[BASELINE[v]]:+.0f} MiB, {(rss[v] - rss[BASELINE[v]]) * 2**20 / params:+.1f} B per parameter")
+                  f"baseline's step beside each; 95% interval {low:.2f}-{high:.2f}); peak RSS {extra:+.0f} MiB, "
+                  f"{extra * 2**20 / params:+.1f} B per parameter")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rounds": rounds, "memory": memory, "step_s": step, "ratio": ratio,
