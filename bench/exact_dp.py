@@ -60,7 +60,7 @@ def median_interval(values, confidence=0.95):
 
 
 def _variant(torch, dist, pycomm, variant, data):
-    """One variant's model, wrapper and optimizer: returns its training step."""
+    """One variant's model, wrapper and optimizer: returns the model and its training step."""
     model = _training.model(torch)
     if variant.startswith("fsdp"):
         from torch.distributed.device_mesh import DeviceMesh
@@ -98,7 +98,7 @@ def _variant(torch, dist, pycomm, variant, data):
         opt.step()
         opt.zero_grad()
 
-    return step
+    return model, step
 
 
 def _rank(rank, world, variants, micro_batch, steps, init_file, queue):
@@ -117,20 +117,20 @@ def _rank(rank, world, variants, micro_batch, steps, init_file, queue):
     first, last = _training.WIDTHS[0], _training.WIDTHS[-1]
     data = [(torch.randn(micro_batch, first, generator=g), torch.randn(micro_batch, last, generator=g))
             for _ in mine]
-    train = {v: _variant(torch, dist, pycomm, v, data) for v in variants}
+    built = {v: _variant(torch, dist, pycomm, v, data) for v in variants}  # v: (model, step)
     times = {v: [] for v in variants}
     for step in range(steps + 1):
         for v in variants if step % 2 == 0 else variants[::-1]:
             dist.barrier()
             start = time.perf_counter()
-            train[v]()
+            built[v][1]()
             if step:
                 times[v].append(time.perf_counter() - start)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])  # MiB
     dist.all_reduce(rss, dist.ReduceOp.MAX)
     if rank == 0:
         queue.put({"variants": variants, "step_s": times, "peak_rss_mib": rss.item(),
-                   "params": sum(p.numel() for p in _training.model(torch).parameters())})
+                   "params": sum(p.numel() for p in built[variants[0]][0].parameters())})  # a DTensor's: whole
     dist.destroy_process_group()
 
 
