@@ -34,7 +34,7 @@ LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,lay
 PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo,copy
 PYTEST_ARGS ?=
 
-.PHONY: all build test layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: FORCE all build test layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -45,31 +45,48 @@ $(DEPS_STAMP): requirements.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-# Built in place (incremental, ninja); a .pth file puts this checkout on .venv's path so
-# `import pycomm` works from any directory (torchrun scripts, spawned ranks).
+# Built in place (incremental, ninja on every core), its objects in $(EXT_BUILD); a .pth file
+# puts this checkout on .venv's path so `import pycomm` works from any directory (torchrun
+# scripts, spawned ranks). The core's objects there include no torch header: the C++ tests
+# link those same objects (CORE_OBJECTS) rather than compile the core again.
+EXT_BUILD := build/ext
 $(EXT_STAMP): $(DEPS_STAMP) $(SOURCES)
-	$(PY) setup.py --quiet build_ext --inplace
+	$(PY) setup.py --quiet build_ext --inplace --build-temp $(EXT_BUILD)
 	$(PY) -c "import os, sysconfig; open(os.path.join(sysconfig.get_paths()['purelib'], 'pycomm-checkout.pth'), 'w').write(os.getcwd() + '\n')"
 	touch $@
 
 build: $(EXT_STAMP)
 
 # Compiles every CUDA source as a check when nvcc exists (no GPU needed), for each
-# compute capability of PYCOMM_CUDA_ARCH, with the flags setup.py uses.
+# compute capability of PYCOMM_CUDA_ARCH, with the flags setup.py uses. A source is checked
+# again only when it, a header it includes (nvcc's dependency file) or the flags and nvcc's
+# version (CUDA_CHECK_DIR/flags) changed since its last successful check: its stamp,
+# CUDA_CHECK_DIR/NAME.ok, is written only then. `make -j` checks them in parallel.
 PYCOMM_CUDA_ARCH ?= 90
 CUDA_GENCODE := $(foreach a,$(subst ;, ,$(PYCOMM_CUDA_ARCH)),-gencode=arch=compute_$(a),code=sm_$(a))
-cuda-check:
+CUDA_CHECK_FLAGS := -std=c++17 -O3 -fmad=false -Icsrc $(CUDA_GENCODE)
+CUDA_CHECK_DIR := build/cuda-check
+CUDA_STAMPS := $(patsubst csrc/cuda/%.cu,$(CUDA_CHECK_DIR)/%.ok,$(CU_SOURCES))
 ifneq ($(and $(NVCC),$(CU_SOURCES)),)
-	@for f in $(CU_SOURCES); do echo "nvcc -c $$f"; $(NVCC) -std=c++17 -O3 -fmad=false -Icsrc $(CUDA_GENCODE) -c $$f -o /dev/null || exit 1; done
+cuda-check: $(CUDA_STAMPS)
+$(CUDA_CHECK_DIR)/flags: FORCE
+	@mkdir -p $(@D); echo '$(CUDA_CHECK_FLAGS) $(shell $(NVCC) --version | tail -n 1)' > $@.new; \
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+$(CUDA_CHECK_DIR)/%.ok: csrc/cuda/%.cu $(CUDA_CHECK_DIR)/flags
+	@echo "nvcc -c $<"
+	@$(NVCC) $(CUDA_CHECK_FLAGS) -MD -MF $(@:.ok=.d) -MT $@ -c $< -o /dev/null && touch $@
+-include $(wildcard $(CUDA_CHECK_DIR)/*.d)
 else
+cuda-check:
 	@echo "cuda-check: skipped ($(if $(NVCC),no CUDA sources yet,nvcc not found))"
 endif
 
-# The torch-free core's own tests: threads of one process over real shm and TCP. The core
-# is compiled once per flavour into objects that every test of that flavour links:
-# build/cpp (core-test, -O2), build/asan and build/tsan (sanitize).
+# The torch-free core's own tests: threads of one process over real shm and TCP. Each
+# flavour's core is compiled once into objects that every test of that flavour links: the
+# extension's own (build/ext, -O3) for core-test, build/asan and build/tsan for sanitize.
 CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/device/*.cc csrc/transport/*.cc csrc/algorithms/*.cc csrc/runtime/*.cc)
 CORE_HEADERS := $(wildcard csrc/*/*.h)
+CORE_OBJECTS := $(patsubst csrc/%.cc,$(EXT_BUILD)/csrc/%.o,$(CORE_SOURCES))
 CORE_CXXFLAGS := -std=c++17 -O2 -fno-trapping-math -Wall -Wextra -pthread -Icsrc
 SAN_CXXFLAGS := -std=c++17 -O1 -g -fno-trapping-math -Wall -Wextra -pthread -Icsrc
 cpp_CXXFLAGS := $(CORE_CXXFLAGS)
@@ -80,21 +97,29 @@ asan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=address,undefined -fno-omit-frame-po
 # release/acquire on the counters (stated to TSan by annotations there).
 tsan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=thread -Wno-tsan
 
-# $(call cpp_test_rules,FLAVOUR): FLAVOUR_OBJECTS (the core in build/FLAVOUR/core),
-# FLAVOUR_TESTS (build/FLAVOUR/test_* from every tests/cpp/test_*.cc) and their rules,
-# compiled and linked with FLAVOUR_CXXFLAGS.
-define cpp_test_rules
+$(CORE_OBJECTS): $(EXT_STAMP) ;
+
+# $(call core_objects,FLAVOUR): FLAVOUR_OBJECTS, the core compiled with FLAVOUR_CXXFLAGS
+# into build/FLAVOUR/core.
+define core_objects
 $(1)_OBJECTS := $$(patsubst csrc/%.cc,build/$(1)/core/%.o,$$(CORE_SOURCES))
-$(1)_TESTS := $$(patsubst tests/cpp/%.cc,build/$(1)/%,$$(wildcard tests/cpp/test_*.cc))
 .SECONDARY: $$($(1)_OBJECTS)  # kept between runs, not deleted as intermediates
 build/$(1)/core/%.o: csrc/%.cc $$(CORE_HEADERS)
 	@mkdir -p $$(dir $$@)
 	$$(CXX) $$($(1)_CXXFLAGS) -c $$< -o $$@
-build/$(1)/%: tests/cpp/%.cc $$($(1)_OBJECTS) $$(CORE_HEADERS) $$(wildcard tests/cpp/*.h)
-	$$(CXX) $$($(1)_CXXFLAGS) -Itests/cpp $$($(1)_OBJECTS) $$< -o $$@
+endef
+# $(call cpp_tests,FLAVOUR,OBJECTS): FLAVOUR_TESTS (build/FLAVOUR/test_* from every
+# tests/cpp/test_*.cc) and their rules, compiled with FLAVOUR_CXXFLAGS, linked with OBJECTS.
+define cpp_tests
+$(1)_TESTS := $$(patsubst tests/cpp/%.cc,build/$(1)/%,$$(wildcard tests/cpp/test_*.cc))
+build/$(1)/%: tests/cpp/%.cc $(2) $$(CORE_HEADERS) $$(wildcard tests/cpp/*.h)
+	@mkdir -p $$(dir $$@)
+	$$(CXX) $$($(1)_CXXFLAGS) -Itests/cpp $(2) $$< -o $$@
 endef
 SAN_FLAVOURS := asan tsan
-$(foreach f,cpp $(SAN_FLAVOURS),$(eval $(call cpp_test_rules,$(f))))
+$(foreach f,$(SAN_FLAVOURS),$(eval $(call core_objects,$(f))))
+$(foreach f,$(SAN_FLAVOURS),$(eval $(call cpp_tests,$(f),$$($(f)_OBJECTS))))
+$(eval $(call cpp_tests,cpp,$$(CORE_OBJECTS)))
 CPP_TESTS := $(cpp_TESTS)
 
 core-test: $(CPP_TESTS)
@@ -154,7 +179,12 @@ layer-check:
 # worker, since its module fixtures are whole worlds): while one waits on a timeout or a
 # process start, the other computes. 0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
-test: layer-check build cuda-check core-test
+# The compile steps (nvcc checks, C++ tests) run JOBS at a time, then the C++ tests one
+# after another (they have timing bounds).
+JOBS ?= $(shell nproc)
+test: layer-check build
+	@$(MAKE) --no-print-directory -j$(JOBS) cuda-check $(CPP_TESTS)
+	@$(MAKE) --no-print-directory core-test
 	@$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
