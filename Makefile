@@ -34,7 +34,7 @@ LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,lay
 PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo,copy
 PYTEST_ARGS ?=
 
-.PHONY: FORCE all build test layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: FORCE all build test test-quick test-durations layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -175,18 +175,30 @@ layer-check:
 	@$(PYTHON) tests/check_layers.py $(LAYERS)
 
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
-# PYTEST_WORKERS test files run at a time (pytest-xdist; a file stays whole on one
-# worker, since its module fixtures are whole worlds): while one waits on a timeout or a
-# process start, the other computes. 0 runs the suite in one process.
+# PYTEST_WORKERS processes run the tests (pytest-xdist), longest first from the timings in
+# tests/durations.json; the tests sharing a module's world stay on one worker
+# (tests/conftest.py). While one waits on a timeout or a process start, the other
+# computes. 0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
+pytest = @$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) $(1) $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 # The compile steps (nvcc checks, C++ tests) run JOBS at a time, then the C++ tests one
 # after another (they have timing bounds).
 JOBS ?= $(shell nproc)
 test: layer-check build
 	@$(MAKE) --no-print-directory -j$(JOBS) cuda-check $(CPP_TESTS)
 	@$(MAKE) --no-print-directory core-test
-	@$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(call pytest,)
+
+# The edit loop: the Python tests that start no world over 4 ranks, train nothing and took
+# at most 5 s (tests/conftest.py, --quick); no nvcc check, no C++ test.
+test-quick: layer-check build
+	$(call pytest,--quick)
+
+# Every test's time into tests/durations.json, which orders make test and selects make
+# test-quick: run on 2 cores after a change to what the tests do.
+test-durations: build
+	$(call pytest,--record-durations tests/durations.json)
 
 # Throughput (back-to-back calls) over the whole range, then per-call latency of small ones
 # for every collective: bench/out/{throughput,latency}/ (run.json, run.jsonl, report.md, plots).

@@ -4,10 +4,22 @@
   removed on destroy and after a crash): a leak fails the session. Entries present before
   the session are ignored.
 * Marker `slow`: soak tests. They always run, briefly; with PYCOMM_SOAK=1 they run long.
+* Marker `large`: a world over 4 ranks or a training run. `make test` runs it, the quick
+  run does not.
 * PYCOMM_TEST_BACKEND=gloo runs the suite against gloo (validates the harness and the test
   logic without pycomm).
+* Scheduling: tests/durations.json holds every test's seconds (setup, call and teardown)
+  from a full run on 2 cores (`make test-durations` writes it). Tests run longest first, in
+  units: the tests that share a module- or class-scoped fixture (a world started once) are
+  one unit, per value of that fixture's parameters, and every other test is a unit of its
+  own; pytest-xdist's loadgroup hands the units to its workers in that order, so that the
+  longest do not start last and a heavy file's worlds run on both workers.
+* `--quick` (make test-quick): the edit loop's subset, every unit with no test marked
+  `large` whose recorded time is at most QUICK_MAX_S; a world over 4 ranks in it fails
+  (_harness), so that a test starting one is marked.
 """
 
+import json
 import os
 import sys
 import time
@@ -16,7 +28,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _harness  # noqa: E402
 from _harness import BACKEND  # noqa: E402
+
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+# A test missing from DURATIONS (new since it was written) is taken to last this long.
+UNKNOWN_DURATION_S = 2.0
+QUICK_MAX_S = 5.0
+QUICK_MAX_RANKS = 4
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pycomm"
@@ -29,10 +48,22 @@ def soak():
     return os.environ.get("PYCOMM_SOAK") == "1"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="the edit loop's subset: nothing marked large, no unit recorded over %g s" % QUICK_MAX_S)
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write every test's seconds (setup + call + teardown) to PATH as JSON")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "slow: soak test; runs a short version unless PYCOMM_SOAK=1 is set")
+    config.addinivalue_line(
+        "markers",
+        "large: a world over 4 ranks or a training run; make test runs it, make test-quick does not")
+    if config.getoption("--quick"):
+        _harness.MAX_QUICK_RANKS = QUICK_MAX_RANKS
     config.addinivalue_line(
         "markers",
         "cuda: needs a CUDA GPU and a CUDA build of pycomm; skipped without them")
@@ -77,6 +108,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _write_recorded(session.config)
     if _is_worker() or _SHM_BEFORE not in session.config.stash:
         return
     leaked = _new_entries(session.config.stash[_SHM_BEFORE])
@@ -99,3 +131,67 @@ def shm_guard():
     yield
     leaked = _new_entries(before)
     assert not leaked, "leaked shared-memory entries in %s: %s" % (SHM_DIR, leaked)
+
+
+def _recorded_durations():
+    try:
+        with open(DURATIONS, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _unit(item):
+    """The scheduling unit of `item`: its file and the parameters of the module- or
+    class-scoped fixtures it uses (their worlds are started once per unit), or None when it
+    uses none (it can run anywhere)."""
+    shared = []
+    for name in item.fixturenames:
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if defs and defs[-1].scope in ("module", "class", "package"):
+            param = getattr(item, "callspec", None) and item.callspec.params.get(name)
+            shared.append(name if param is None else "%s=%s" % (name, param))
+    if not shared:
+        return None
+    return "%s[%s]" % (item.nodeid.split("::")[0], ",".join(sorted(shared)))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    durations = _recorded_durations()
+    units = {}
+    for index, item in enumerate(items):
+        unit = _unit(item)
+        if unit is not None:
+            item.add_marker(pytest.mark.xdist_group(unit))
+        units.setdefault(unit or item.nodeid, []).append((index, item))
+
+    def seconds(unit):
+        return sum(durations.get(item.nodeid, UNKNOWN_DURATION_S) for _, item in unit)
+
+    if config.getoption("--quick"):
+        dropped = [u for u in units.values()
+                   if seconds(u) > QUICK_MAX_S or any(item.get_closest_marker("large") for _, item in u)]
+        config.hook.pytest_deselected(items=[item for u in dropped for _, item in u])
+        units = {k: u for k, u in units.items() if all(u is not d for d in dropped)}
+    # Longest unit first; a unit's tests keep their order (its fixtures' set-up and reuse).
+    order = sorted(units.values(), key=lambda unit: (-seconds(unit), unit[0][0]))
+    items[:] = [item for unit in order for _, item in unit]
+
+
+# Every test's seconds, when --record-durations asks for them: collected in the process
+# that started the session (under pytest-xdist, the controller, which receives every
+# worker's reports) and written when it ends.
+_RECORDED = {}
+
+
+def pytest_runtest_logreport(report):
+    _RECORDED[report.nodeid] = _RECORDED.get(report.nodeid, 0.0) + report.duration
+
+
+def _write_recorded(config):
+    path = config.getoption("--record-durations")
+    if path and not _is_worker():
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({k: round(v, 2) for k, v in sorted(_RECORDED.items())}, f, indent=0)
+            f.write("\n")

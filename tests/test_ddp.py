@@ -9,6 +9,8 @@ shape verification (all_gather), bucketed gradient all-reduce (AVG via SUM + div
 
 import copy
 
+import pytest
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -56,6 +58,7 @@ def ddp_world(rank, ws):
     return [p.tolist() for p in params_test], [p.tolist() for p in params_gloo]
 
 
+@pytest.mark.large
 def test_ddp_matches_gloo():
     results = run_world(ddp_world, 3, timeout=120)
     as_tensors = [([torch.tensor(p) for p in a], [torch.tensor(p) for p in b])

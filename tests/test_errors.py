@@ -393,6 +393,7 @@ def peer_exits_before_connecting_world(rank, ws, passed_dir):
     return time.monotonic() - started, str(info.value)
 
 
+@pytest.mark.large
 @pytest.mark.skipif(is_gloo(), reason="pycomm's failure detection")
 def test_peer_that_exits_before_the_pair_connected_fails_the_wait_at_once(tmp_path):
     results = run_world(peer_exits_before_connecting_world, 8, args=(str(tmp_path),), env={"PYCOMM_TRANSPORT": "tcp"},

@@ -355,6 +355,7 @@ def sparse_ddp_world(rank, ws, steps):
     return steps
 
 
+@pytest.mark.large
 @pytest.mark.skipif(is_gloo(), reason="compares pycomm with gloo")
 def test_ddp_sparse_embedding_trains_as_on_gloo():
     assert run_world(sparse_ddp_world, 3, args=(10,), timeout=120) == [10] * 3

@@ -135,6 +135,7 @@ def recovery_world(rank, ws, kill_at, clock_file):
     return digests, resumed_s
 
 
+@pytest.mark.large
 def test_recovery_after_a_lost_rank_keeps_the_bits_of_the_uninterrupted_run(tmp_path):
     clock = str(tmp_path / "killed-at")
     one = run_world(recovery_world, 1, args=(None, clock), timeout=120)[0][0]
