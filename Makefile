@@ -88,7 +88,9 @@ CORE_SOURCES := $(wildcard csrc/core/*.cc csrc/device/*.cc csrc/transport/*.cc c
 CORE_HEADERS := $(wildcard csrc/*/*.h)
 CORE_OBJECTS := $(patsubst csrc/%.cc,$(EXT_BUILD)/csrc/%.o,$(CORE_SOURCES))
 CORE_CXXFLAGS := -std=c++17 -O2 -fno-trapping-math -Wall -Wextra -pthread -Icsrc
-SAN_CXXFLAGS := -std=c++17 -O1 -g -fno-trapping-math -Wall -Wextra -pthread -Icsrc
+# -g1: the line tables a sanitizer's report needs for its stacks, without the full debug
+# info (-g), which made a sanitized unit 1.5-1.8x slower to compile.
+SAN_CXXFLAGS := -std=c++17 -O1 -g1 -fno-trapping-math -Wall -Wextra -pthread -Icsrc
 cpp_CXXFLAGS := $(CORE_CXXFLAGS)
 asan_CXXFLAGS := $(SAN_CXXFLAGS) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 # -Wno-tsan: gcc warns that TSan ignores std::atomic_thread_fence. The shm transport's
