@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace pycomm {
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "core/request.h"
 #include "core/types.h"

@@ -1,5 +1,6 @@
 #include "binding/codecs.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <map>

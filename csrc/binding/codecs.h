@@ -5,11 +5,12 @@
 // run, so a test of these is a test of those.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
+
+#include "binding/tables.h"
 
 namespace pycomm {
 

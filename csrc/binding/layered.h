@@ -9,8 +9,7 @@
 //   LayeredRecorder  the record of the operations, as a pycomm group keeps its own.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>
@@ -20,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "binding/tables.h"
 #include "core/config.h"
 #include "device/device_ops.h"
 #include "runtime/layered_plan.h"

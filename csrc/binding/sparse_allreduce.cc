@@ -5,6 +5,14 @@
 #include <tuple>
 #include <vector>
 
+#include <ATen/ops/_sparse_coo_tensor_unsafe.h>
+#include <ATen/ops/_unique2.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -50,9 +58,9 @@ at::Tensor sparse_sum(const at::Tensor& input, int64_t world_size, bool exact, c
   // an index is its row-major position within the sparse dimensions.
   const at::Tensor sparse_sizes = at::tensor(local.sizes().slice(0, sparse_dim).vec(), at::kLong).unsqueeze(1);
   at::Tensor strides = at::ones({sparse_dim, 1}, at::kLong);
-  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * sparse_sizes[d + 1];
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1].mul(sparse_sizes[d + 1]);
   std::vector<at::Tensor> linear;
-  for (int64_t r = 0; r < n; ++r) linear.push_back((all_indices[r].narrow(1, 0, counts[r]) * strides).sum(0));
+  for (int64_t r = 0; r < n; ++r) linear.push_back(all_indices[r].narrow(1, 0, counts[r]).mul(strides).sum(0));
   at::Tensor unique, position;
   std::tie(unique, position, std::ignore) = at::_unique2(at::cat(linear), /*sorted=*/true, /*return_inverse=*/true);
   std::vector<int64_t> term_shape = padded_values_shape;
@@ -66,7 +74,7 @@ at::Tensor sparse_sum(const at::Tensor& input, int64_t world_size, bool exact, c
     offset += counts[r];
   }
   const at::Tensor sum = reduce_tensors(terms, c10d::ReduceOp::SUM, n, exact, std::nullopt).view(term_shape);
-  const at::Tensor unique_indices = unique.unsqueeze(0).div(strides, "floor") % sparse_sizes;
+  const at::Tensor unique_indices = unique.unsqueeze(0).div(strides, "floor").remainder(sparse_sizes);
   return at::_sparse_coo_tensor_unsafe(unique_indices, sum, local.sizes(), local.options())
       ._coalesced_(true)
       .to(input.device());

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <functional>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace pycomm {
 

@@ -1,6 +1,7 @@
 #include "binding/tables.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 namespace pycomm {
 

@@ -1,11 +1,16 @@
 // Translations between torch and core types, and of core errors into torch exceptions.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <c10/core/ScalarType.h>
 
 #include "core/error.h"
 #include "core/types.h"
+
+// Declared only: the binding's units that merely pass a ReduceOp on stay out of
+// torch/csrc/distributed/c10d/Types.hpp (with ATen/ATen.h, most of a unit's compile time).
+namespace c10d {
+struct ReduceOp;
+}  // namespace c10d
 
 namespace pycomm {
 
