@@ -8,8 +8,10 @@ EXT_STAMP := pycomm/.built
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 NVCC := $(shell command -v nvcc 2>/dev/null)
 CU_SOURCES := $(shell find csrc -name '*.cu' 2>/dev/null)
-BENCH_ARGS ?= --np 4 -b 8 -e 64M
-LATENCY_ARGS ?= --np 4 -b 8 -e 1M -f 4 -n 20 --mode blocking --collective all
+# make bench, a user's first result within minutes of a fresh clone: every 16th size from
+# 4 B to 64 MiB, then every 32nd from 8 B to 256 KiB for the latency of each collective.
+BENCH_ARGS ?= --np 4 -b 4 -e 64M -f 16
+LATENCY_ARGS ?= --np 4 -b 8 -e 256K -f 32 -n 20 --mode blocking --collective all
 BENCH_DEPS_STAMP := $(VENV)/.bench-deps-installed
 RESULTS := bench/results
 # bench-mpi: pycomm's direct API (the subject), the same backend through torch.distributed
