@@ -184,7 +184,7 @@ layer-check:
 # (tests/conftest.py). While one waits on a timeout or a process start, the other
 # computes. 0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
-pytest = @$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup) $(1) $(PYTEST_ARGS); \
+pytest = @$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS)) $(1) $(PYTEST_ARGS); \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 # The compile steps (nvcc checks, C++ tests) run JOBS at a time, then the C++ tests one
 # after another (they have timing bounds).

@@ -246,6 +246,12 @@ def _rs_chunk(t, rank, ws):
     return t[rank * n:(rank + 1) * n]
 
 
+def _reduced_chunk(inputs, dtype, op, rank, ws):
+    """Chunk ``rank`` of the exact reduction (a reduce-scatter's output on ``rank``), from
+    that chunk of every input alone: reductions are elementwise."""
+    return reduce_exact([_rs_chunk(t, rank, ws) for t in inputs], dtype, op, ws)
+
+
 def fam_reduce_scatter_tensor(ctx):
     ws, rank = ctx.ws, ctx.rank
     variants = ["out-of-place", "in-place"] + ([] if is_gloo() else ["stacked"])
@@ -274,7 +280,7 @@ def fam_reduce_scatter_tensor(ctx):
                         inputs = _reduction_inputs(ctx, label, dtype, op, shape, True)
                         out = run_variant(dist.reduce_scatter_tensor, variant, ctx.group, op,
                                           inputs[rank].clone())
-                        exp = _rs_chunk(reduce_exact(inputs, dtype, op, ws), rank, ws)
+                        exp = _reduced_chunk(inputs, dtype, op, rank, ws)
                         return _check_reduced(out, exp, op)
                     ctx.case(label, body)
     if hasattr(dist, "reduce_scatter_single"):  # torch's newer name for the same op
@@ -284,8 +290,7 @@ def fam_reduce_scatter_tensor(ctx):
             inputs = _reduction_inputs(ctx, label, torch.float32, "SUM", 7 * ws, True)
             out = run_variant(dist.reduce_scatter_single, "out-of-place", ctx.group, "SUM",
                               inputs[rank].clone())
-            return check_equal(out, _rs_chunk(reduce_exact(inputs, torch.float32, "SUM", ws),
-                                              rank, ws))
+            return check_equal(out, _reduced_chunk(inputs, torch.float32, "SUM", rank, ws))
         ctx.case(label, body)
     big = BIG_PER_RANK * ws
     label = "big float32 SUM n=%d per rank" % BIG_PER_RANK
@@ -294,8 +299,7 @@ def fam_reduce_scatter_tensor(ctx):
         inputs = _reduction_inputs(ctx, label, torch.float32, "SUM", big, True)
         out = run_variant(dist.reduce_scatter_tensor, "out-of-place", ctx.group, "SUM",
                           inputs[rank].clone())
-        return check_equal(out, _rs_chunk(reduce_exact(inputs, torch.float32, "SUM", ws),
-                                          rank, ws))
+        return check_equal(out, _reduced_chunk(inputs, torch.float32, "SUM", rank, ws))
     ctx.case(label, body)
     select = lambda full: _rs_chunk(full, rank, ws)  # noqa: E731
     for dtype in ctx.dtypes:
@@ -327,7 +331,7 @@ def fam_reduce_scatter(ctx):
                 def body():
                     inputs = _reduction_inputs(ctx, label, dtype, op, ws * n, True)
                     out = run(ctx.group, op, inputs[rank].clone())
-                    exp = _rs_chunk(reduce_exact(inputs, dtype, op, ws), rank, ws)
+                    exp = _reduced_chunk(inputs, dtype, op, rank, ws)
                     return _check_reduced(out, exp, op)
                 ctx.case(label, body)
     for dtype in ctx.floating:
@@ -353,7 +357,7 @@ def fam_coalesced_reduce_scatter_tensor(ctx):
                     dist.reduce_scatter_tensor(out, inputs[rank].clone(), group=ctx.group)
             problems = []
             for i, (out, inputs) in enumerate(zip(outs, per)):
-                exp = _rs_chunk(reduce_exact(inputs, dtype, "SUM", ws), rank, ws)
+                exp = _reduced_chunk(inputs, dtype, "SUM", rank, ws)
                 problems += ["tensor %d: %s" % (i, p) for p in check_equal(out, exp)]
             return problems
         ctx.case(label, body)

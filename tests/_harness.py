@@ -43,13 +43,23 @@ _STACK_DUMP_S = 1.0
 # Per-rank report lines kept in the assertion message (tracebacks can be long).
 _MAX_REPORT_CHARS = 6000
 
-# The largest world run_world starts; make test-quick sets it to 4 (tests/conftest.py), so
-# that a test it runs with a larger world fails saying it should be marked `large`.
+# The largest world run_world starts; make test-quick sets it to QUICK_RANKS
+# (tests/conftest.py), so that a test it runs with a larger world fails saying it should be
+# marked `large`.
+QUICK_RANKS = 4
 MAX_QUICK_RANKS = None
 
 # Filled in the child process: how this world was initialised, so that test functions
 # can re-initialise (hung-peer test) or name the backend without extra arguments.
 WORLD = {}
+
+
+def world_marks(world_size):
+    """The marks of a test parameter that starts a world of `world_size` ranks: `large`
+    over QUICK_RANKS (make test-quick leaves it out)."""
+    import pytest
+
+    return [pytest.mark.large] if world_size > QUICK_RANKS else []
 
 
 def is_gloo(backend=None):
@@ -130,7 +140,15 @@ def _child(rank, world_size, fn_ref, args_blob, init_method, backend, pg_timeout
     try:
         import datetime
 
+        import torch
         import torch.distributed as dist
+
+        # One intra-op thread per rank, as torchrun gives its ranks (OMP_NUM_THREADS=1): a
+        # world's ranks share the host's cores, where each rank's idle intra-op workers spin.
+        # With torch's default, a thread per core in every rank, the tests' own tensor
+        # arithmetic ran several times slower on 2 cores, and 20-50 times slower on an
+        # H200's host (the GPU check's bit comparisons passed their deadline).
+        torch.set_num_threads(1)
 
         if backend == "pycomm":
             import pycomm  # noqa: F401  (registers the backend)

@@ -2,9 +2,10 @@
 
 Importing torch takes 2-4 s of CPU per process on a small machine: most of a short
 multi-process test, and most of the suite. The zygote is one process per test session
-that imports torch and pycomm once, while it has a single thread (OPENBLAS_NUM_THREADS=1
-keeps numpy's BLAS from starting its pool at import; torch starts none until it computes),
-and forks a rank on request. A rank it forks:
+that imports torch and pycomm once, and what DDP and FSDP import on first use
+(torch._dynamo, torch.distributed.fsdp: 1-3 s of CPU in every rank of a training world),
+while it has a single thread (OPENBLAS_NUM_THREADS=1 keeps numpy's BLAS from starting its
+pool at import; torch starts none until it computes), and forks a rank on request. A rank it forks:
 
 * starts a session of its own, as Processes.start does, so that SIGKILL to its process
   group ends it and whatever it started;
@@ -247,7 +248,9 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import numpy  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
 
     import _harness  # noqa: F401
     import pycomm  # noqa: F401

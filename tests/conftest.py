@@ -12,8 +12,9 @@
   from a full run on 2 cores (`make test-durations` writes it). Tests run longest first, in
   units: the tests that share a module- or class-scoped fixture (a world started once) are
   one unit, per value of that fixture's parameters, and every other test is a unit of its
-  own; pytest-xdist's loadgroup hands the units to its workers in that order, so that the
-  longest do not start last and a heavy file's worlds run on both workers.
+  own; pytest-xdist hands the units to its workers (those of several tests first, by their
+  number of tests: ByUnit), so that the longest do not start last and a heavy file's
+  worlds run on both workers.
 * `--quick` (make test-quick): the edit loop's subset, every unit with no test marked
   `large` whose recorded time is at most QUICK_MAX_S; a world over 4 ranks in it fails
   (_harness), so that a test starting one is marked.
@@ -21,7 +22,9 @@
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -35,7 +38,6 @@ DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.
 # A test missing from DURATIONS (new since it was written) is taken to last this long.
 UNKNOWN_DURATION_S = 2.0
 QUICK_MAX_S = 5.0
-QUICK_MAX_RANKS = 4
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pycomm"
@@ -56,6 +58,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if not _is_worker() and getattr(config.option, "numprocesses", None):
+        os.environ[_UNITS_FILE] = os.path.join(tempfile.mkdtemp(prefix="pycomm-test-units-"), "units.json")
     config.addinivalue_line(
         "markers",
         "slow: soak test; runs a short version unless PYCOMM_SOAK=1 is set")
@@ -63,7 +67,7 @@ def pytest_configure(config):
         "markers",
         "large: a world over 4 ranks or a training run; make test runs it, make test-quick does not")
     if config.getoption("--quick"):
-        _harness.MAX_QUICK_RANKS = QUICK_MAX_RANKS
+        _harness.MAX_QUICK_RANKS = _harness.QUICK_RANKS
     config.addinivalue_line(
         "markers",
         "cuda: needs a CUDA GPU and a CUDA build of pycomm; skipped without them")
@@ -109,6 +113,8 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     _write_recorded(session.config)
+    if not _is_worker() and _UNITS_FILE in os.environ:
+        shutil.rmtree(os.path.dirname(os.environ.pop(_UNITS_FILE)), ignore_errors=True)
     if _is_worker() or _SHM_BEFORE not in session.config.stash:
         return
     leaked = _new_entries(session.config.stash[_SHM_BEFORE])
@@ -143,8 +149,8 @@ def _recorded_durations():
 
 def _unit(item):
     """The scheduling unit of `item`: its file and the parameters of the module- or
-    class-scoped fixtures it uses (their worlds are started once per unit), or None when it
-    uses none (it can run anywhere)."""
+    class-scoped fixtures it uses (their worlds are started once per unit), or its own
+    nodeid when it uses none (it can run anywhere)."""
     shared = []
     for name in item.fixturenames:
         defs = item._fixtureinfo.name2fixturedefs.get(name)
@@ -152,7 +158,7 @@ def _unit(item):
             param = getattr(item, "callspec", None) and item.callspec.params.get(name)
             shared.append(name if param is None else "%s=%s" % (name, param))
     if not shared:
-        return None
+        return item.nodeid
     return "%s[%s]" % (item.nodeid.split("::")[0], ",".join(sorted(shared)))
 
 
@@ -161,10 +167,7 @@ def pytest_collection_modifyitems(config, items):
     durations = _recorded_durations()
     units = {}
     for index, item in enumerate(items):
-        unit = _unit(item)
-        if unit is not None:
-            item.add_marker(pytest.mark.xdist_group(unit))
-        units.setdefault(unit or item.nodeid, []).append((index, item))
+        units.setdefault(_unit(item), []).append((index, item))
 
     def seconds(unit):
         return sum(durations.get(item.nodeid, UNKNOWN_DURATION_S) for _, item in unit)
@@ -175,8 +178,39 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=[item for u in dropped for _, item in u])
         units = {k: u for k, u in units.items() if all(u is not d for d in dropped)}
     # Longest unit first; a unit's tests keep their order (its fixtures' set-up and reuse).
+    # pytest-xdist hands out the units of several tests first (most tests first), then the
+    # single tests in this order.
     order = sorted(units.values(), key=lambda unit: (-seconds(unit), unit[0][0]))
     items[:] = [item for unit in order for _, item in unit]
+    if _is_worker() and _UNITS_FILE in os.environ:
+        with open(os.environ[_UNITS_FILE], "w", encoding="utf-8") as f:
+            json.dump({item.nodeid: unit for unit, u in units.items() for _, item in u}, f)
+
+
+# pytest-xdist's workers collect, its controller hands out the tests: each worker writes
+# the units it found (the same in every worker) to the file named by _UNITS_FILE, which
+# the controller's scheduler reads when it splits the collection into units.
+_UNITS_FILE = "PYCOMM_TEST_UNITS_FILE"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        """pytest-xdist's scope scheduling with this suite's units for scopes (its own
+        loadgroup names groups in nodeids, which pytest 9 no longer lets it change). It
+        hands out the units of several tests first, most tests first, then the others in
+        the order collected: longest first."""
+
+        units = None
+
+        def _split_scope(self, nodeid):
+            if self.units is None:
+                with open(os.environ[_UNITS_FILE], encoding="utf-8") as f:
+                    self.units = json.load(f)
+            return self.units.get(nodeid, nodeid.split("::")[0])
+
+    return ByUnit(config, log)
 
 
 # Every test's seconds, when --record-durations asks for them: collected in the process

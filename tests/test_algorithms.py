@@ -14,13 +14,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import capture_stderr, is_gloo, run_world
+from _harness import capture_stderr, is_gloo, run_world, world_marks
 from _values import (DTYPES, FLOATING, check_avg, check_equal, int_valued, ops_for,
                      random_float, red_op, reduce_exact, seed_of)
 
 ALGORITHMS = ["auto", "ring", "tree", "hierarchical", "oneshot", "twoshot"]
 COUNTS = [0, 1, 7, 1001, 65537]
 RS_AG_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool]
+# An algorithm moves the same bytes whatever the op, and reduces them with the op's kernel
+# whatever the size: below 65537 elements (empty, single, odd and uneven segments, vector
+# tails) an all-reduce takes every dtype and op; at 65537 (past 2^16: several chunks at
+# 4 KiB, auto's choice for larger messages) every dtype of RS_AG_DTYPES once, for its chunk
+# geometry, and every other op on bfloat16, whose partials are wider (float32), for the
+# op's partial and final stages from chunk to chunk.
 SMALL_CHUNKS = {"PYCOMM_SHM_CHUNK_BYTES": "4096", "PYCOMM_TCP_CHUNK_BYTES": "4096",
                 "PYCOMM_PIPELINE_DEPTH": "2"}
 
@@ -50,24 +56,32 @@ def _case(problems, label, body):
         problems.append("%s: raised %s: %s" % (label, type(e).__name__, e))
 
 
+def _shard_inputs(shard, rank, ws):
+    """A reduce-scatter's inputs made of ws shards each, shard(r, j) the j-th of rank r's:
+    (this rank's input, every rank's shard ``rank``: the operands of this rank's output).
+    A rank regenerates 2 ws shards, not the ws * ws of every rank's whole input."""
+    return torch.cat([shard(rank, j) for j in range(ws)]), [shard(r, rank) for r in range(ws)]
+
+
 def algorithms_world(rank, ws):
     import pycomm
 
     problems = []
     side = dist.new_group(backend="gloo")
+    all_reduces = [(dtype, op, n) for dtype in DTYPES for op in ops_for(dtype) for n in COUNTS[:4]]
+    all_reduces += [(dtype, "SUM", COUNTS[4]) for dtype in RS_AG_DTYPES]
+    all_reduces += [(torch.bfloat16, op, COUNTS[4]) for op in ops_for(torch.bfloat16) if op != "SUM"]
     for algo in ALGORITHMS:
-        for dtype in DTYPES:
-            for op in ops_for(dtype):
-                for n in COUNTS if dtype in RS_AG_DTYPES else COUNTS[:4]:
-                    label = "all_reduce %s %s %s n=%d" % (algo, dtype, op, n)
+        for dtype, op, n in all_reduces:
+            label = "all_reduce %s %s %s n=%d" % (algo, dtype, op, n)
 
-                    def body():
-                        inputs = [int_valued(seed_of(label), r, n, dtype, op, ws) for r in range(ws)]
-                        t = inputs[rank].clone()
-                        pycomm.all_reduce(t, red_op(op), algorithm=algo)
-                        exp = reduce_exact(inputs, dtype, op, ws)
-                        return check_avg(t, exp) if op == "AVG" else check_equal(t, exp)
-                    _case(problems, label, body)
+            def body():
+                inputs = [int_valued(seed_of(label), r, n, dtype, op, ws) for r in range(ws)]
+                t = inputs[rank].clone()
+                pycomm.all_reduce(t, red_op(op), algorithm=algo)
+                exp = reduce_exact(inputs, dtype, op, ws)
+                return check_avg(t, exp) if op == "AVG" else check_equal(t, exp)
+            _case(problems, label, body)
         # Every rank must hold the same bits, also for rounded floating sums.
         for dtype in FLOATING:
             label = "all_reduce %s %s random floats agree across ranks" % (algo, dtype)
@@ -85,10 +99,11 @@ def algorithms_world(rank, ws):
                     label = "reduce_scatter %s %s %s n=%d" % (algo, dtype, op, n)
 
                     def body():
-                        inputs = [int_valued(seed_of(label), r, ws * n, dtype, op, ws) for r in range(ws)]
+                        mine, shards = _shard_inputs(
+                            lambda r, j: int_valued(seed_of(label), r, n, dtype, op, ws, tag=j), rank, ws)
                         out = torch.zeros(n, dtype=dtype)
-                        pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm=algo)
-                        exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                        pycomm.reduce_scatter_tensor(out, mine, red_op(op), algorithm=algo)
+                        exp = reduce_exact(shards, dtype, op, ws)
                         return check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
                     _case(problems, label, body)
             for n in COUNTS:
@@ -115,7 +130,8 @@ def _no_problems(world_fn, ws, env):
     assert not problems, "%d problems, first ones:\n%s" % (len(problems), "\n".join(problems[:20]))
 
 
-@pytest.mark.parametrize("world", WORLDS, ids=_world_id)
+@pytest.mark.parametrize("world", [pytest.param(w, marks=world_marks(w[0])) for w in WORLDS],
+                         ids=_world_id)
 def test_every_algorithm(world):
     _no_problems(algorithms_world, *world)
 
@@ -189,7 +205,8 @@ def recursive_doubling_world(rank, ws):
     return problems
 
 
-@pytest.mark.parametrize("world", RECURSIVE_DOUBLING_WORLDS, ids=_world_id)
+@pytest.mark.parametrize("world", [pytest.param(w, marks=world_marks(w[0])) for w in RECURSIVE_DOUBLING_WORLDS],
+                         ids=_world_id)
 def test_recursive_doubling_at_any_world_size(world, tmp_path):
     ws, env = world
     costs = tmp_path / "costs"
@@ -213,18 +230,21 @@ def _exact_shard_cases(problems, rank, ws, algorithm, variants, counts):
             for n in counts:
                 label = "%s %s %s n=%d" % (algorithm, dtype, op, n)
 
+                def shard(r, j):
+                    g = torch.Generator().manual_seed(seed_of("%s rank %d shard %d" % (label, r, j)))
+                    return torch.randint(-64, 64, (n,), generator=g).to(dtype)
+
                 def body():
-                    g = torch.Generator().manual_seed(seed_of(label))
-                    inputs = [torch.randint(-64, 64, (ws * n,), generator=g).to(dtype) for _ in range(ws)]
+                    mine, shards = _shard_inputs(shard, rank, ws)
                     out = torch.zeros(n, dtype=dtype)
-                    found = _ran(pycomm.reduce_scatter_tensor(out, inputs[rank], red_op(op), algorithm=algorithm,
+                    found = _ran(pycomm.reduce_scatter_tensor(out, mine, red_op(op), algorithm=algorithm,
                                                               async_op=True), variants[0])
-                    exp = reduce_exact(inputs, dtype, op, ws)[rank * n:(rank + 1) * n]
+                    exp = reduce_exact(shards, dtype, op, ws)
                     found += check_avg(out, exp) if op == "AVG" else check_equal(out, exp)
                     gathered = torch.zeros(ws * n, dtype=dtype)
-                    found += _ran(pycomm.all_gather_into_tensor(gathered, inputs[rank][:n], algorithm=algorithm,
+                    found += _ran(pycomm.all_gather_into_tensor(gathered, mine[:n], algorithm=algorithm,
                                                                 async_op=True), variants[1])
-                    return found + check_equal(gathered, torch.cat([x[:n] for x in inputs]))
+                    return found + check_equal(gathered, torch.cat([shard(r, 0) for r in range(ws)]))
                 _case(problems, label, body)
 
 
@@ -251,25 +271,26 @@ def two_level_world(rank, ws):
         label = "two-level %s" % codec
 
         def body():
-            inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
-            mine = inputs[rank][:m]
+            mine, shards = _shard_inputs(
+                lambda r, j: random_float(seed_of(label), r, m, torch.float32, "SUM", tag=j), rank, ws)
             ring, two_level = torch.zeros(ws * m), torch.zeros(ws * m)
-            pycomm.all_gather_into_tensor(ring, mine, algorithm="ring", compression=codec)
-            found = _ran(pycomm.all_gather_into_tensor(two_level, mine, algorithm="hierarchical", compression=codec,
-                                                       async_op=True), "hierarchical")
+            pycomm.all_gather_into_tensor(ring, mine[:m], algorithm="ring", compression=codec)
+            found = _ran(pycomm.all_gather_into_tensor(two_level, mine[:m], algorithm="hierarchical",
+                                                       compression=codec, async_op=True), "hierarchical")
             if not torch.equal(ring, two_level):
                 found.append("all-gather: bits differ from the ring's")
             out = torch.zeros(m)
-            found += _ran(pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="hierarchical", compression=codec,
+            found += _ran(pycomm.reduce_scatter_tensor(out, mine, algorithm="hierarchical", compression=codec,
                                                        async_op=True), "hierarchical")
-            exact = torch.stack([x.double() for x in inputs]).sum(0)[rank * m:(rank + 1) * m]
+            exact = torch.stack([x.double() for x in shards]).sum(0)
             error = ((out.double() - exact).norm() / exact.norm()).item()
             return found + (["reduce-scatter: error %.2e over %.0e" % (error, bound)] if error > bound else [])
         _case(problems, label, body)
     return problems
 
 
-@pytest.mark.parametrize("world", TWO_LEVEL_WORLDS, ids=_world_id)
+@pytest.mark.parametrize("world", [pytest.param(w, marks=world_marks(w[0])) for w in TWO_LEVEL_WORLDS],
+                         ids=_world_id)
 def test_two_level_reduce_scatter_and_all_gather(world):
     _no_problems(two_level_world, *world)
 
@@ -303,10 +324,11 @@ def log_step_world(rank, ws):
     label = "log-step random floats"
 
     def body():
-        inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
+        mine, shards = _shard_inputs(
+            lambda r, j: random_float(seed_of(label), r, m, torch.float32, "SUM", tag=j), rank, ws)
         out = torch.zeros(m)
-        pycomm.reduce_scatter_tensor(out, inputs[rank], algorithm="tree")
-        terms = torch.stack([x.double() for x in inputs])[:, rank * m:(rank + 1) * m]
+        pycomm.reduce_scatter_tensor(out, mine, algorithm="tree")
+        terms = torch.stack([x.double() for x in shards])
         # Each of the n-1 float32 additions rounds once: |error| <= (n-1) u sum |x|.
         bound = (ws - 1) * 2.0 ** -24 * terms.abs().sum(0)
         excess = ((out.double() - terms.sum(0)).abs() - bound).max().item()
@@ -317,17 +339,17 @@ def log_step_world(rank, ws):
         label = "log-step %s deterministic=%s" % (codec, deterministic)
 
         def body():
-            inputs = [random_float(seed_of(label), r, ws * m, torch.float32, "SUM") for r in range(ws)]
+            mine = random_float(seed_of(label), rank, ws * m, torch.float32, "SUM")
             algos = ("tree", "oneshot") + (("ring", "hierarchical") if deterministic else ())
             outs = {}
             for algo in algos:
                 outs[algo] = torch.zeros(m)
-                pycomm.reduce_scatter_tensor(outs[algo], inputs[rank], algorithm=algo, compression=codec,
+                pycomm.reduce_scatter_tensor(outs[algo], mine, algorithm=algo, compression=codec,
                                              deterministic=deterministic)
             found = ["reduce-scatter: %s's bits differ from tree's" % a for a in algos
                      if not torch.equal(outs[a], outs["tree"])]
             if deterministic and not codec:  # the contract: reduce-scatter + all-gather == all-reduce
-                gathered, reduced = torch.zeros(ws * m), inputs[rank].clone()
+                gathered, reduced = torch.zeros(ws * m), mine.clone()
                 pycomm.all_gather_into_tensor(gathered, outs["tree"], algorithm="tree")
                 pycomm.all_reduce(reduced, deterministic=deterministic)
                 if not torch.equal(gathered, reduced):
@@ -335,7 +357,7 @@ def log_step_world(rank, ws):
             if codec:
                 gathered = {a: torch.zeros(ws * m) for a in ("tree", "ring")}
                 for algo, t in gathered.items():
-                    pycomm.all_gather_into_tensor(t, inputs[rank][:m], algorithm=algo, compression=codec)
+                    pycomm.all_gather_into_tensor(t, mine[:m], algorithm=algo, compression=codec)
                 if not torch.equal(gathered["tree"], gathered["ring"]):
                     found.append("all-gather: bits differ from the ring's")
             return found
@@ -343,7 +365,8 @@ def log_step_world(rank, ws):
     return problems
 
 
-@pytest.mark.parametrize("world", LOG_STEP_WORLDS, ids=_world_id)
+@pytest.mark.parametrize("world", [pytest.param(w, marks=world_marks(w[0])) for w in LOG_STEP_WORLDS],
+                         ids=_world_id)
 def test_log_step_reduce_scatter_and_all_gather(world):
     _no_problems(log_step_world, *world)
 
@@ -458,6 +481,7 @@ def scale_world(rank, ws, count):
 
 
 @pytest.mark.slow
+@pytest.mark.large
 @pytest.mark.parametrize("env", [{"PYCOMM_TRANSPORT": "tcp"}, {"PYCOMM_RANKS_PER_NODE": "8"}],
                          ids=["tcp", "4-nodes-of-8"])
 def test_32_ranks(env):

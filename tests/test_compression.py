@@ -71,6 +71,7 @@ def errors():
             for ws in (2, 3, 4, 8)}
 
 
+@pytest.mark.large  # an 8-rank world
 def test_error_within_bounds_and_identical_bits(errors):
     problems = []
     for ws, table in errors.items():
@@ -83,6 +84,7 @@ def test_error_within_bounds_and_identical_bits(errors):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.large  # an 8-rank world
 def test_error_does_not_grow_with_world_size(errors):
     problems = []
     for key, (err8, _) in errors[8].items():

@@ -22,8 +22,6 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
   deterministic modes.
 """
 
-import functools
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -48,20 +46,6 @@ FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
 CODECS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 ALGORITHMS = ["ring", "tree", "oneshot", "twoshot", "hierarchical"]
-
-
-def _rank(fn):
-    """A world's rank function, run with one intra-op thread. A world's ranks (and the
-    worlds that the GPU check runs side by side) share the host's cores; with torch's
-    default, a thread per core in every rank, their host-side ops overran the cores and
-    ran 20-50 times slower (one H200: 50-240 ms per comparison of 50021 elements), and
-    the bit-equality worlds of 205 comparisons passed their deadline."""
-    @functools.wraps(fn)
-    def one_thread(*args):
-        torch.set_num_threads(1)
-        return fn(*args)
-
-    return one_thread
 
 
 def _same_bits(a, b):
@@ -152,7 +136,6 @@ def test_codec_kernels_match_cpu(codec):
                 assert _same_bits(pycomm.quantize(x, codec, block=block), pycomm.quantize(x_gpu, codec, block=block))
 
 
-@_rank
 def every_collective(rank, ws):
     import pycomm
 
@@ -229,7 +212,6 @@ def test_every_collective_on_cuda(ws):
         assert not problems, problems
 
 
-@_rank
 def shrink_on_cuda(rank, ws):
     """The last rank leaves; the others shrink the default group and all-reduce CUDA
     tensors on the new group's pycomm backend. (torch registers a shrunk group's backend
@@ -252,7 +234,6 @@ def test_shrink_group_on_cuda():
         assert not problems, problems
 
 
-@_rank
 def p2p_on_cuda(rank, ws):
     """Ranks 0 and 1 send and receive CUDA tensors, rank 2 CPU tensors: every pair both
     ways (several frames; a strided tensor sent and received), a recv from any source on
@@ -323,7 +304,6 @@ def test_p2p_on_cuda_over_host_channels(env):
         assert not problems, problems
 
 
-@_rank
 def gpu_equals_cpu(rank, ws, cases):
     import pycomm
 
@@ -379,7 +359,6 @@ FLAG_BYTES = 65536
 FLAGS_ALWAYS = {"PYCOMM_CUDA_FLAGS": "always"}
 
 
-@_rank
 def flag_allreduce(rank, ws):
     import os
     import tempfile
@@ -427,7 +406,6 @@ def test_flag_allreduce_on_cuda(ws):
 FLAG_PG_TIMEOUT_S = 3
 
 
-@_rank
 def flag_peer_fault(rank, ws, fault):
     """Rank 1 misses a flag-synchronized all-reduce, asleep or killed; rank 0 reports it.
     The short timeout is a subgroup's: the world's group is made with the harness's, since
@@ -469,7 +447,6 @@ LAYERED_CASES = [(dtype, codec, mode) for dtype in (torch.float32, torch.bfloat1
                  for codec in (None, *CODECS) for mode in (True, "exact")]
 
 
-@_rank
 def layered_on_cuda(rank, ws, mover):
     import pycomm
 

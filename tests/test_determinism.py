@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import group_timeout, is_gloo, run_world
+from _harness import group_timeout, is_gloo, run_world, world_marks
 
 pytestmark = pytest.mark.skipif(is_gloo(), reason="deterministic modes are pycomm's")
 
@@ -35,6 +35,9 @@ ALGORITHMS = ["ring", "tree", "oneshot", "twoshot", "hierarchical"]
 MODES = [True, "exact"]
 LONG, SHORT = 20011, 1000  # the short tensor is a prefix of the long one
 REPEATS = {LONG: 2, SHORT: 10}  # calls per case, each under other delays
+# Where the proof is between worlds (late ranks, topologies), each world itself another
+# schedule of the same calls: a repeat of the short call keeps D1 checked in each.
+REPEATS_ACROSS_WORLDS = {LONG: 1, SHORT: 2}
 PERTURB_US = 40
 
 
@@ -58,13 +61,13 @@ def _contribution(index, n, dtype, op):
     return x[:n].to(dtype)
 
 
-def hash_world(rank, ws, holds, modes, algorithms, ops, dtypes, codecs):
+def hash_world(rank, ws, holds, modes, algorithms, ops, dtypes, codecs, repeats):
     """holds[r]: the contribution index rank r holds (None: zeros). Returns
     {case: hash} from rank 0 after checking D0/D1 here."""
     import pycomm
 
     side = dist.new_group(backend="gloo", timeout=group_timeout())
-    out, problems = {}, []
+    out, problems, mine = {}, [], {}
     for mode, dtype, op, codec in itertools.product(modes, dtypes, ops, codecs):
         if codec and (dtype not in (torch.float32, torch.float16, torch.bfloat16) or op != "SUM"):
             continue
@@ -72,22 +75,26 @@ def hash_world(rank, ws, holds, modes, algorithms, ops, dtypes, codecs):
             for n in (LONG, SHORT):
                 x = _contribution(holds[rank], n, dtype, op)
                 seen = set()
-                for _ in range(REPEATS[n]):
+                for _ in range(repeats[n]):
                     t = x.clone()
                     pycomm.all_reduce(t, _op(op), algorithm=algo, deterministic=mode, compression=codec)
                     seen.add(_hash(t))
                 case = (str(mode), str(dtype), op, codec or "none", n)
                 if len(seen) != 1:
                     problems.append("%s %s: repeats differ" % (case, algo))
-                everyone = [None] * ws
-                dist.all_gather_object(everyone, seen.pop(), group=side)
-                if len(set(everyone)) != 1:
-                    problems.append("%s %s: ranks differ" % (case, algo))
+                mine[case, algo] = seen.pop()
                 # D2: the prefix of the long result equals the short result.
                 key = case[:4] + ("prefix",)
                 prefix = _hash(t[:SHORT])
                 out.setdefault(key, {})[(algo, n)] = prefix
-                out.setdefault(case[:4] + ("full", n), {})[algo] = everyone[0]
+    # D0 across ranks, every case at once: one gather, not one per case (each a barrier
+    # that would cost more than the calls it checks).
+    everyone = [None] * ws
+    dist.all_gather_object(everyone, mine, group=side)
+    for case, algo in mine:
+        if len({hashes[case, algo] for hashes in everyone}) != 1:
+            problems.append("%s %s: ranks differ" % (case, algo))
+        out.setdefault(case[:4] + ("full", case[4]), {})[algo] = everyone[0][case, algo]
     return out, problems
 
 
@@ -116,10 +123,11 @@ def _check_world(results, problems):
 
 
 def _run(ws, env, holds=None, modes=[False] + MODES, algorithms=ALGORITHMS, ops=OPS, dtypes=FLOATS, codecs=(None,),
-         timeout=300):
+         repeats=REPEATS, timeout=300):
     holds = holds or list(range(ws))
     env = dict(env, PYCOMM_TEST_PERTURB=env.get("PYCOMM_TEST_PERTURB", "7:%d" % PERTURB_US))
-    reports = run_world(hash_world, ws, args=(holds, modes, algorithms, ops, dtypes, codecs), env=env, timeout=timeout)
+    reports = run_world(hash_world, ws, args=(holds, modes, algorithms, ops, dtypes, codecs, repeats), env=env,
+                        timeout=timeout)
     results, problems = reports[0]
     for _, p in reports[1:]:
         problems += p
@@ -135,7 +143,7 @@ def _exact_hashes(results):
 WORLDS = {2: {"PYCOMM_RANKS_PER_NODE": "1"}, 3: {"PYCOMM_SHM_CHUNK_BYTES": "4096"}, 5: {}}
 
 
-@pytest.mark.parametrize("ws", list(WORLDS))
+@pytest.mark.parametrize("ws", [pytest.param(ws, marks=world_marks(ws)) for ws in WORLDS])
 def test_orders_timing_lengths_and_algorithms(ws):
     results, problems = _run(ws, WORLDS[ws])
     problems = _check_world(results, problems)
@@ -148,7 +156,7 @@ def test_a_late_rank_changes_no_bit():
     rank before its second), so it is the last to arrive there; every mode and algorithm
     gives the bits of a world without delays."""
     env = {"PYCOMM_RANKS_PER_NODE": "2"}  # hierarchical runs for real, not through auto
-    kw = dict(ops=["SUM"], dtypes=[torch.float32])
+    kw = dict(ops=["SUM"], dtypes=[torch.float32], repeats=REPEATS_ACROSS_WORLDS)
     worlds = {"no delay": _run(4, dict(env, PYCOMM_TEST_PERTURB="0:0"), **kw)}
     for late, step in ((0, 0), (3, 1)):
         spec = "0:10000:%d:%d" % (late, step)
@@ -170,11 +178,13 @@ def test_compressed_deterministic_modes_agree_across_algorithms():
     assert not problems, "\n".join(problems[:40])
 
 
+@pytest.mark.large
 def test_exact_across_topology_transports_chunks_and_world_sizes():
     """D4 and D5: one set of contributions x0..x3, every way of running it, with and without
     compression (a contribution's quantization depends on itself alone)."""
     kw = dict(modes=["exact"], algorithms=["ring", "twoshot", "hierarchical"], ops=["SUM", "PREMUL_SUM"],
-              dtypes=[torch.float32, torch.float64, torch.bfloat16], codecs=(None, "fp8_e4m3"))
+              dtypes=[torch.float32, torch.float64, torch.bfloat16], codecs=(None, "fp8_e4m3"),
+              repeats=REPEATS_ACROSS_WORLDS)
     runs = {
         "4 ranks, one node, shm": _run(4, {}, **kw),
         "4 ranks, 2 nodes x 2": _run(4, {"PYCOMM_RANKS_PER_NODE": "2"}, **kw),

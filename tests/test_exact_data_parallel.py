@@ -289,6 +289,7 @@ def plain_runs():
     return runs
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("kind", ["mlp", "transformer"])
 def test_exact_accumulator_is_world_size_invariant(plain_runs, kind):
     k = PLAIN.index((kind, "exact", "pycomm", None))
@@ -297,6 +298,7 @@ def test_exact_accumulator_is_world_size_invariant(plain_runs, kind):
         assert plain_runs[ws][k][0] == one, f"{kind}: parameters differ between 1 and {ws} ranks"
 
 
+@pytest.mark.large
 def test_plain_ddp_in_exact_mode_is_not(plain_runs):
     # Each rank adds its micro-batches' gradients in float before the exact all-reduce, so
     # the sum depends on how the batch was split: the check above can fail.
@@ -305,6 +307,7 @@ def test_plain_ddp_in_exact_mode_is_not(plain_runs):
     assert len(set(digests.values())) > 1, digests
 
 
+@pytest.mark.large
 def test_invariant_under_perturbation_on_any_group_with_fsdp2_and_with_fp8(plain_runs):
     """At 2 and 4 ranks, under timing perturbation (pycomm frames and layer forwards
     delayed at random): the accumulator on the pycomm world and over a gloo group, and

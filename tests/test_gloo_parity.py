@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import is_gloo, run_world
+from _harness import group_timeout, is_gloo, run_world
 
 TRANSPORTS = ["shm", "tcp"]
 
@@ -220,21 +220,36 @@ def test_same_tag_different_dtype_is_an_error_naming_send_and_recv():
     assert "recv #0 (float64, 10 elements, tag 3)" in message, message
 
 
+def _gone(pid):
+    """Whether process `pid` has exited (a zombie has)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
 def send_then_exit_world(rank, ws):
     """Rank 0 sends to rank 3 (not a neighbour: over TCP, not connected at creation), its
-    send completes, it destroys its group and exits; rank 3 receives 8 s later."""
+    send completes, it destroys its group and exits; rank 3 receives once rank 0's process
+    is gone and its liveness checks (every 100 ms) have had time to notice."""
+    pids = [None] * ws  # over gloo: the pycomm group's pairs stay as creation left them
+    dist.all_gather_object(pids, os.getpid(), group=dist.new_group(backend="gloo", timeout=group_timeout()))
     if rank == 0:
         dist.send(_tagged(0, 0, 1024), 3)
         dist.destroy_process_group()
         return True
     if rank == 3:
-        time.sleep(8)
+        while not _gone(pids[0]):  # the world's deadline bounds the wait
+            time.sleep(0.05)
+        time.sleep(1)
         t = torch.empty(1024)
         dist.recv(t, 0)
         return torch.equal(t, _tagged(0, 0, 1024))
     return True
 
 
+@pytest.mark.large  # 6 ranks
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_completed_send_is_delivered_after_its_sender_exits(transport):
     assert run_world(send_then_exit_world, 6, env={"PYCOMM_TRANSPORT": transport},

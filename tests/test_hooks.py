@@ -107,6 +107,7 @@ def trained():
     return run_world(train_world, 3, timeout=120)
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("codec,ef,dtype", TRAIN_CONFIGS,
                          ids=["%s-%s-%s" % (c, "ef" if ef else "noef", str(d)[6:])
                               for c, ef, d in TRAIN_CONFIGS])
@@ -147,6 +148,7 @@ def test_hook_training_identical_on_ranks_and_close_to_uncompressed(trained, cod
         assert residual_sizes[0] == {}
 
 
+@pytest.mark.large
 @pytest.mark.parametrize("codec", CODECS)
 def test_error_feedback_brings_training_closer_to_uncompressed(trained, codec):
     """Measured: error feedback cuts the deviation from the twin 6x (bf16) to 16x (fp16)."""
@@ -508,6 +510,7 @@ def quality_world(rank, ws, steps, configs):
 
 
 @pytest.mark.slow
+@pytest.mark.large
 def test_fp8_error_feedback_training_quality():
     configs = [(None, False), ("fp8_e4m3", True), ("fp8_e4m3", False)]
     # About 20 s alone on 2 cores, 50 s beside a compile; beside the suite's other worker

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _harness import capture_stderr, group_timeout, run_world
+from _harness import capture_stderr, group_timeout, run_world, world_marks
 
 CODECS = [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 # The layered all-reduce on one host over gloo, whose all-to-all gathers faster than its all-gather.
@@ -29,10 +29,12 @@ def _op(name):
 
 def _values(rank, count, dtype, salt):
     """Gaussian data over several decades (so that fold order and the exact sum matter),
-    different on every rank and case."""
+    different on every rank and case. Drawn in float32 unless the data are float64: torch
+    draws float64 normals several times slower, and the large cases draw millions."""
     g = torch.Generator().manual_seed(1000003 * rank + salt)
-    x = torch.randn(count, generator=g, dtype=torch.float64)
-    x *= torch.tensor([1e-3, 1.0, 3e2, 7e4], dtype=torch.float64).repeat(count // 4 + 1)[:count]
+    drawn = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(count, generator=g, dtype=drawn)
+    x *= torch.tensor([1e-3, 1.0, 3e2, 7e4], dtype=drawn).repeat(count // 4 + 1)[:count]
     if not dtype.is_floating_point:
         return (x.clamp(-1e4, 1e4)).to(dtype)
     return x.to(dtype)
@@ -159,7 +161,7 @@ def _check_world(results):
 
 
 # One rank, even and odd worlds; 4 ranks run in the hierarchical and gathering tests below.
-@pytest.mark.parametrize("ws", [1, 2, 3, 5])
+@pytest.mark.parametrize("ws", [pytest.param(ws, marks=world_marks(ws)) for ws in (1, 2, 3, 5)])
 def test_layered_equals_native_bit_for_bit(ws):
     _check_world(run_world(layered_equals_native_world, ws, args=(SMALL,), timeout=240))
 
@@ -205,7 +207,8 @@ def hierarchical_world(rank, ws, parts):
     return differ, ran
 
 
-@pytest.mark.parametrize("ws,per_host,parts", [(4, 2, None), (4, 2, 3), (6, 3, 2)])
+@pytest.mark.parametrize("ws,per_host,parts",
+                         [pytest.param(*p, marks=world_marks(p[0])) for p in [(4, 2, None), (4, 2, 3), (6, 3, 2)]])
 def test_layered_hierarchical_equals_native_hierarchical(ws, per_host, parts):
     # PYCOMM_RANKS_PER_NODE stands for hosts on one machine, for pycomm groups and layered
     # calls alike; 2 hosts of 2 or 3 ranks, where the native hierarchical folds the host
@@ -308,7 +311,9 @@ def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
     return differ
 
 
-@pytest.mark.parametrize("ws,width,sizes,exact_on_triton", [(4, 2, SMALL[2:], False), (9, 4, [7], True)])
+@pytest.mark.parametrize("ws,width,sizes,exact_on_triton",
+                         [pytest.param(*p, marks=world_marks(p[0]))
+                          for p in [(4, 2, SMALL[2:], False), (9, 4, [7], True)]])
 def test_folds_in_slices_give_the_bits_of_one_fold(ws, width, sizes, exact_on_triton):
     worlds = run_world(sliced_folds_world, ws, args=(width, sizes, exact_on_triton), env={"TRITON_INTERPRET": "1"},
                        timeout=300)

@@ -8,10 +8,13 @@ import hashlib
 import random
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from _harness import group_timeout, run_world
+
+pytestmark = pytest.mark.large  # training runs
 
 # fp8_e4m3 (with error feedback in DDP's hook) against uncompressed training, after
 # QUALITY_STEPS steps: the loss may differ by at most this fraction of the uncompressed run's.

@@ -153,11 +153,12 @@ def test_fold_matches_cpu(part):
 
 @pytest.mark.parametrize("codec", ["none", *CODECS])
 def test_exact_fold_of_a_few_elements_matches_cpu(codec):
-    """Exact mode at 1 to 3 elements, of 1 and 3 inputs: Triton specializes a count of 1
+    """Exact mode at 1 and 3 elements, of 1 and 3 inputs: Triton specializes a count of 1
     as a constant (on one H100, the layered path's exact all-reduce of 1 element over the
-    compiled Triton kernels differed from the CPU's)."""
+    compiled Triton kernels differed from the CPU's); 3, like any count that is neither 1
+    nor a multiple of 16, is not specialized."""
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (1, 2, 3):
+        for n in (1, 3):
             for k in (1, 3):
                 forms = [Form.Input] * k
                 terms = _terms(forms, dtype, n, codec, 64, n + 10 * k)
@@ -241,8 +242,10 @@ def _wide_float64(n, seed):
 def test_exact_fold_of_float64_matches_cpu():
     """Exact mode's 128-bit sums of float64, in two 64-bit words: terms over the whole
     exponent range, cancelling pairs (the remainder far below the largest term), sums
-    that round at a tie or overflow, NaN and infinities; every reduction it applies to."""
-    n = 1500
+    that round at a tie or overflow, NaN and infinities; every reduction it applies to.
+    One program's tile, ending short of it: the sums are under test here; the programs'
+    offsets, which every path shares, in the other tests."""
+    n = 1000
     cases = []
     for seed in range(4):
         terms = [_wide_float64(n, 10 * seed + j) for j in range(1 + 2 * seed)]
@@ -311,7 +314,7 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
         out = _output(torch.float32, n, "fp8_e4m3", block, Stage.FinalEncoded)
         triton_kernels.fold(out, terms, forms, torch.float32, n, _op("AVG"), world, True, "fp8_e4m3", block,
                             Stage.FinalEncoded)
-    ptxs = compile_sm90("pycomm.triton_kernels:_fold_kernel", launches)
+    ptxs = [ptx for _, ptx in compile_sm90({"pycomm.triton_kernels:_fold_kernel": launches})]
     for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS, ptxs, strict=True):
         assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
         if case in SAME_KERNEL_WORLDS or case[1] == "AVG":
