@@ -242,10 +242,8 @@ def _wide_float64(n, seed):
 def test_exact_fold_of_float64_matches_cpu():
     """Exact mode's 128-bit sums of float64, in two 64-bit words: terms over the whole
     exponent range, cancelling pairs (the remainder far below the largest term), sums
-    that round at a tie or overflow, NaN and infinities; every reduction it applies to.
-    One program's tile, ending short of it: the sums are under test here; the programs'
-    offsets, which every path shares, in the other tests."""
-    n = 1000
+    that round at a tie or overflow, NaN and infinities; every reduction it applies to."""
+    n = 1500
     cases = []
     for seed in range(4):
         terms = [_wide_float64(n, 10 * seed + j) for j in range(1 + 2 * seed)]
