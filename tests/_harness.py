@@ -43,11 +43,10 @@ _STACK_DUMP_S = 1.0
 # Per-rank report lines kept in the assertion message (tracebacks can be long).
 _MAX_REPORT_CHARS = 6000
 
-# The largest world run_world starts; make test-quick sets it to QUICK_RANKS
-# (tests/conftest.py), so that a test it runs with a larger world fails saying it should be
-# marked `large`.
+# The largest world of make test-quick, whose run sets QUICK (tests/conftest.py): there
+# run_world refuses a larger world, saying that its test should be marked `large`.
 QUICK_RANKS = 4
-MAX_QUICK_RANKS = None
+QUICK = False
 
 # Filled in the child process: how this world was initialised, so that test functions
 # can re-initialise (hung-peer test) or name the backend without extra arguments.
@@ -273,9 +272,9 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
 
     from pycomm import _launch
 
-    if MAX_QUICK_RANKS is not None and world_size > MAX_QUICK_RANKS:
+    if QUICK and world_size > QUICK_RANKS:
         raise AssertionError("a world of %d ranks in the quick run, which starts none over %d: mark the test "
-                             "@pytest.mark.large" % (world_size, MAX_QUICK_RANKS))
+                             "@pytest.mark.large" % (world_size, QUICK_RANKS))
     backend = backend or BACKEND
     expect_killed = set(expect_killed)
     fn_ref = _fn_ref(fn)

@@ -58,19 +58,18 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if not _is_worker() and getattr(config.option, "numprocesses", None):
-        os.environ[_UNITS_FILE] = os.path.join(tempfile.mkdtemp(prefix="pycomm-test-units-"), "units.json")
     config.addinivalue_line(
         "markers",
         "slow: soak test; runs a short version unless PYCOMM_SOAK=1 is set")
     config.addinivalue_line(
         "markers",
         "large: a world over 4 ranks or a training run; make test runs it, make test-quick does not")
-    if config.getoption("--quick"):
-        _harness.MAX_QUICK_RANKS = _harness.QUICK_RANKS
     config.addinivalue_line(
         "markers",
         "cuda: needs a CUDA GPU and a CUDA build of pycomm; skipped without them")
+    _harness.QUICK = config.getoption("--quick")
+    if not _is_worker() and getattr(config.option, "numprocesses", None):
+        os.environ[_UNITS_FILE] = os.path.join(tempfile.mkdtemp(prefix="pycomm-test-units-"), "units.json")
 
 
 def pytest_report_header(config):
@@ -173,10 +172,9 @@ def pytest_collection_modifyitems(config, items):
         return sum(durations.get(item.nodeid, UNKNOWN_DURATION_S) for _, item in unit)
 
     if config.getoption("--quick"):
-        dropped = [u for u in units.values()
-                   if seconds(u) > QUICK_MAX_S or any(item.get_closest_marker("large") for _, item in u)]
-        config.hook.pytest_deselected(items=[item for u in dropped for _, item in u])
-        units = {k: u for k, u in units.items() if all(u is not d for d in dropped)}
+        dropped = {k for k, u in units.items()
+                   if seconds(u) > QUICK_MAX_S or any(item.get_closest_marker("large") for _, item in u)}
+        config.hook.pytest_deselected(items=[item for k in dropped for _, item in units.pop(k)])
     # Longest unit first; a unit's tests keep their order (its fixtures' set-up and reuse).
     # pytest-xdist hands out the units of several tests first (most tests first), then the
     # single tests in this order.
