@@ -2,6 +2,7 @@
 #include <sched.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/deadline.h"
@@ -12,6 +13,12 @@ namespace pycomm {
 
 std::string errno_message(const std::string& what) {
   return what + ": " + std::strerror(errno);
+}
+
+std::string mebibytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1 << 20));
+  return text;
 }
 
 bool spin_until(const std::function<bool()>& ready, const SpinPolicy& policy) {

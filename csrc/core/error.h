@@ -22,5 +22,7 @@ class Error : public std::runtime_error {
 
 // Describes a system call failure: "<what>: <strerror(errno)>".
 std::string errno_message(const std::string& what);
+// "15.0 MiB", for messages.
+std::string mebibytes(double bytes);
 
 }  // namespace pycomm

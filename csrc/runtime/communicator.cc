@@ -185,7 +185,7 @@ std::string Communicator::operation_line(const OpStamp& stamp) const {
 }
 
 std::string Communicator::stats_json() const {
-  return recorder_.stats_json({group_name_, rank_, size_});
+  return recorder_.stats_json({group_name_, rank_, size_}, {describe_transports(), chunk_bytes_, shm_fallback_});
 }
 
 std::string Communicator::flight_recorder_json(const std::string& reason) const {

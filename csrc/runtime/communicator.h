@@ -103,6 +103,9 @@ class Communicator final : private SenderMatch {
   // what the store shows of ranks started inconsistently (empty: nothing).
   std::string start_up_disagreements(Store& store, const std::string& prefix) const;
   void calibrate(Store& store, const std::string& prefix);  // link_costs.cc
+  // Moves shm_peers to tcp_peers where shared memory has no room; rendezvous.cc.
+  std::unique_ptr<ShmSegment> fit_shared_memory(Store& store, const std::string& prefix, TransportSetup& setup,
+                                                std::vector<int>& shm_peers, std::vector<int>& tcp_peers);
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Plan& plan);
   // Once the group has failed (poisoned(): a load, so that a call in good health builds
@@ -161,6 +164,8 @@ class Communicator final : private SenderMatch {
   std::vector<std::unique_ptr<Transport>> transports_;  // destroyed last to first
   std::vector<Channel*> channels_;
   size_t chunk_bytes_ = 0;
+  size_t shm_chunk_bytes_ = 0;  // of the shm transport's slots; 0: no shm transport in the group
+  std::string shm_fallback_;    // what the group runs instead of the configured rings; empty: them
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   // Held by a recv while it takes frames from that peer: a recv named for the peer (its

@@ -50,7 +50,7 @@ Communicator::DevicePath& Communicator::device_path(int device) {
   for (const PeerInfo& p : ranks_)
     if (p.rank != rank_ && p.shares_host_with(ranks_[rank_]) && config_.transport != TransportChoice::Tcp)
       setup.peers.push_back(p.rank);
-  if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, runtime.make_slot_arena(device));
+  if (!setup.peers.empty()) path->ipc = make_shm_transport(setup, nullptr, runtime.make_slot_arena(device));
   if (path->ipc && setup.peers.size() + 1 == static_cast<size_t>(size_) && config_.cuda_flag_bytes)
     path->team = runtime.make_team(device, setup);
   path->channels.assign(size_, nullptr);

@@ -118,12 +118,20 @@ double Recorder::end(uint64_t id, const std::string& error) {
   return us;
 }
 
-std::string Recorder::stats_json(const Who& who) const {
+std::string Recorder::stats_json(const Who& who, const Setup& setup) const {
   std::ostringstream os;
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   os << '{';
   who_json(os, who);
+  if (!setup.transports.empty()) {
+    os << ", \"setup\": {\"transports\": ";
+    json_string(os, setup.transports);
+    os << ", \"chunk_bytes\": " << setup.chunk_bytes << ", \"fallback\": ";
+    if (setup.fallback.empty()) os << "null";
+    else json_string(os, setup.fallback);
+    os << '}';
+  }
   os << ", \"collectives\": {";
   int open_collective = -1;
   for (const auto& [key, t] : totals_) {

@@ -54,9 +54,17 @@ class Recorder {
     std::string group;
     int rank = 0, size = 0;
   };
-  // {"group", "rank", "size", "collectives": {collective: {algorithm: {calls, failures,
-  // bytes, time_s}}}, "last": the last operation ended, or null}.
-  std::string stats_json(const Who& who) const;
+  // How the group's ranks are connected, as set up.
+  struct Setup {
+    std::string transports;  // "shm: ranks 1,2; tcp: ranks 3"
+    size_t chunk_bytes = 0;  // the frame size
+    std::string fallback;    // what runs instead of the configured transports, and why; empty: they run
+  };
+  // {"group", "rank", "size", "setup": {"transports", "chunk_bytes", "fallback": text or
+  // null} (where setup.transports is not empty), "collectives": {collective: {algorithm:
+  // {calls, failures, bytes, time_s}}}, "last": the last operation ended, or null}.
+  std::string stats_json(const Who& who, const Setup& setup) const;
+  std::string stats_json(const Who& who) const { return stats_json(who, Setup()); }
   // {"format": "pycomm.flight_recorder/1", "group", "rank", "size", "pid", "host",
   //  "reason", "dumped_unix_us", "capacity", "entries": [record, ...]} (oldest first).
   std::string dump_json(const Who& who, const std::string& reason) const;

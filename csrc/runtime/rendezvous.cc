@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -195,13 +196,16 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   spin_ = setup.spin;
   setup.deadline = Deadline::after(timeout_);
   channels_.assign(size_, nullptr);
+  std::unique_ptr<ShmSegment> segment = fit_shared_memory(store, prefix, setup, shm_peers, tcp_peers);
   // Every rank computes the same shm/tcp split for every pair, so all agree on whether
   // TCP is in use anywhere in the group (some pair is on different hosts or nodes exactly
-  // when some rank differs from rank 0) and hence on chunk_bytes_.
-  bool group_uses_tcp = size_ > 1 && config_.transport == TransportChoice::Tcp;
+  // when some rank differs from rank 0, or shared memory had no room) and hence on
+  // chunk_bytes_.
+  bool group_uses_tcp = size_ > 1 && (config_.transport == TransportChoice::Tcp || shm_chunk_bytes_ == 0);
   for (const PeerInfo& p : ranks_)
     if (!p.shares_host_with(ranks_[0]) || p.node != ranks_[0].node) group_uses_tcp = true;
   chunk_bytes_ = config_.frame_bytes(group_uses_tcp);
+  if (shm_chunk_bytes_) chunk_bytes_ = std::min(chunk_bytes_, shm_chunk_bytes_);
   group_uses_tcp_ = group_uses_tcp;
 
   // Transports are created in the same order on every rank, each only where it has
@@ -214,7 +218,7 @@ void Communicator::connect(Store& store, const std::string& prefix) {
     setup.peers = shm ? shm_peers : tcp_peers;
     if (setup.peers.empty()) continue;
     setup.doorbell = doorbell_;
-    transports_.push_back(shm ? make_shm_transport(setup) : make_tcp_transport(setup));
+    transports_.push_back(shm ? make_shm_transport(setup, std::move(segment)) : make_tcp_transport(setup));
     if (DoorbellWord* word = transports_.back()->doorbell()) doorbell_ = Doorbell(word);
     for (int p : setup.peers) channels_[p] = transports_.back()->channel(p);
   }
@@ -222,6 +226,8 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   for (int p = 0; p < size_; ++p)
     inboxes_.emplace_back(channels_[p] ? channels_[p]->chunk_bytes() * static_cast<size_t>(config_.pipeline_depth) : 0);
   calibrate(store, prefix);
+  if (rank_ == 0 && !shm_fallback_.empty() && config_.log_level >= LogLevel::Warn)
+    log_line("pycomm: group '" + group_name_ + "': " + shm_fallback_);
   if (config_.log_level >= LogLevel::Info) {
     std::ostringstream os;
     os << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
@@ -235,5 +241,81 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   }
 }
 
+
+// A /dev/shm may lack room for the group's rings (Docker's default is 64 MiB; 16 ranks
+// take 240 MiB at the default chunk). Every rank with shared-memory peers reserves its
+// segment, and all learn through the store whether every one fitted: if not, every rank
+// lets go of its segment, waits until all have, and all try rings of half the chunk, down
+// to kMinShmChunkBytes; past that the pairs of a node go over TCP on loopback, or, with
+// PYCOMM_TRANSPORT=shm, group creation fails on every rank. Every rank takes part, those
+// without such peers too, since the chunk is the group's frame size and the transports
+// enter its plans: the outcome is the same on every rank. Sets shm_chunk_bytes_ (0: no
+// shared memory) and shm_fallback_; returns this rank's segment (null: none).
+std::unique_ptr<ShmSegment> Communicator::fit_shared_memory(Store& store, const std::string& prefix,
+                                                            TransportSetup& setup, std::vector<int>& shm_peers,
+                                                            std::vector<int>& tcp_peers) {
+  constexpr size_t kMinShmChunkBytes = 16 << 10;
+  bool group_uses_shm = false;
+  for (const PeerInfo& p : ranks_)
+    for (const PeerInfo& q : ranks_)
+      group_uses_shm |= p.rank != q.rank && p.shares_host_with(q) && p.node == q.node;
+  shm_chunk_bytes_ = 0;
+  if (!group_uses_shm || config_.transport == TransportChoice::Tcp) return nullptr;
+  // What the segments of this rank's host take at `chunk`: a ring per node peer each.
+  const auto host_bytes = [&](size_t chunk) {
+    TransportSetup each = setup;
+    each.chunk_bytes = chunk;
+    size_t bytes = 0;
+    for (const PeerInfo& q : ranks_) {
+      if (!q.shares_host_with(ranks_[rank_])) continue;
+      each.peers.assign(topology_.nodes[q.node].size() - 1, 0);
+      if (!each.peers.empty()) bytes += shm_segment_bytes(each);
+    }
+    return bytes;
+  };
+  const std::string advice = "; raise the size of /dev/shm (docker run --shm-size, say) or lower "
+                             "PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH";
+  std::string first_shortage;
+  for (size_t chunk = config_.shm_chunk_bytes, attempt = 0;; chunk /= 2, ++attempt) {
+    setup.peers = shm_peers;
+    setup.chunk_bytes = chunk;
+    std::string shortage;
+    std::unique_ptr<ShmSegment> segment = shm_peers.empty() ? nullptr : reserve_shm_segment(setup, shortage);
+    if (!segment && !shm_peers.empty())
+      shortage = "on host " + ranks_[rank_].hostname + ", " + shortage + " of the " +
+                 mebibytes(static_cast<double>(host_bytes(chunk))) + " its ranks' rings take";
+    const std::string round = prefix + "/shmfit/" + std::to_string(attempt);
+    std::string short_on;  // the first rank's shortage, in rank order: the same on every rank
+    for (const std::string& s : all_gather_strings(store, round, rank_, size_, shortage, setup.deadline))
+      if (short_on.empty() && !s.empty()) short_on = s;
+    if (short_on.empty()) {
+      shm_chunk_bytes_ = chunk;
+      if (attempt)
+        shm_fallback_ = "shared memory has no room for rings of " + std::to_string(config_.shm_chunk_bytes) +
+                        "-byte slots (" + first_shortage + "): rings of " + std::to_string(chunk) +
+                        "-byte slots instead" + advice;
+      setup.peers.clear();
+      return segment;
+    }
+    if (first_shortage.empty()) first_shortage = short_on;
+    // Room freed here is room for any rank's next try: no rank makes its next segment
+    // before every rank has let go of this one.
+    segment.reset();
+    all_gather_strings(store, round + "/released", rank_, size_, "", setup.deadline);
+    if (chunk / 2 >= kMinShmChunkBytes) continue;
+    if (config_.transport == TransportChoice::Shm)
+      fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': shared memory has no room for " +
+                                           "rings of " + std::to_string(chunk) + "-byte slots (" + short_on + ") nor of " +
+                                           std::to_string(config_.shm_chunk_bytes) + " (" + first_shortage +
+                                           "), and PYCOMM_TRANSPORT=shm rules out TCP" + advice);
+    shm_fallback_ = "shared memory has no room for the group's rings (" + first_shortage +
+                    "): TCP on loopback between the ranks of a node instead" + advice;
+    tcp_peers.insert(tcp_peers.end(), shm_peers.begin(), shm_peers.end());
+    std::sort(tcp_peers.begin(), tcp_peers.end());
+    shm_peers.clear();
+    setup.peers.clear();
+    return nullptr;
+  }
+}
 
 }  // namespace pycomm

@@ -26,11 +26,17 @@
 // (/pycomm-<pid>-<random>) and unlinked by their creator as soon as every peer has mapped
 // them, so nothing is left in /dev/shm once a group is up, even after SIGKILL. A crash
 // during set-up can leave a segment: set-up removes segments whose creator pid is gone.
+//
+// Room: a segment's pages are allocated when it is made (posix_fallocate), not when first
+// touched: on a tmpfs too small for the group (a container's 64 MiB /dev/shm) that is an
+// answer at set-up (reserve_shm_segment), where a page fault past the end of room would be
+// a SIGBUS in the middle of a collective.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,6 +86,11 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 struct Layout {
   size_t chunk_bytes, depth, ring_count;
   bool device_payloads;  // payloads in a SlotArena: slots hold headers only
+  // Of a transport made with `s`: a ring to each peer.
+  static Layout of(const TransportSetup& s, bool device_payloads) {
+    return Layout{s.chunk_bytes ? s.chunk_bytes : s.config->shm_chunk_bytes,
+                  static_cast<size_t>(s.config->pipeline_depth), s.peers.size(), device_payloads};
+  }
   size_t slot_bytes() const { return kSlotHeaderBytes + (device_payloads ? 0 : chunk_bytes); }
   size_t arena_bytes() const { return ring_count * depth * chunk_bytes; }
   size_t ring_bytes() const { return round_up(sizeof(RingControl), 64) + depth * slot_bytes(); }
@@ -155,6 +166,62 @@ struct Mapping {
   }
   SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(base); }
 };
+
+// This rank's own segment: made, its pages allocated and its header written before the
+// transport that publishes it to the peers.
+struct OwnSegment final : ShmSegment {
+  Layout layout{};
+  Mapping mapping;
+};
+
+// Null, with `shortage` set, where /dev/shm has no room for it.
+std::unique_ptr<OwnSegment> create_segment(const Layout& layout, int rank, std::string& shortage) {
+  remove_orphaned_segments();
+  auto segment = std::make_unique<OwnSegment>();
+  segment->layout = layout;
+  Mapping& own = segment->mapping;
+  own.bytes = layout.total();
+  for (int attempt = 0;; ++attempt) {
+    own.name = "/pycomm-" + std::to_string(getpid()) + "-" + random_hex(16);
+    const int fd = shm_open(own.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST && attempt < 4) continue;
+    if (fd < 0) {
+      const std::string name = own.name;
+      own.name.clear();
+      fail(ErrorKind::Internal, errno_message("pycomm: shm_open(" + name + ")"));
+    }
+    int error;
+    do error = posix_fallocate(fd, 0, static_cast<off_t>(own.bytes));
+    while (error == EINTR);
+    if (error == ENOSPC) {
+      close(fd);
+      struct statvfs fs {};
+      const double free_bytes = statvfs("/dev/shm", &fs) == 0 ? static_cast<double>(fs.f_bavail) * fs.f_frsize : 0;
+      shortage = "/dev/shm has " + mebibytes(free_bytes) + " free, rank " + std::to_string(rank) + " needed " +
+                 mebibytes(own.bytes);
+      return nullptr;  // ~Mapping unlinks the name
+    }
+    if (error == 0)
+      own.base = static_cast<char*>(mmap(nullptr, own.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    const int saved = error ? error : errno;
+    close(fd);
+    if (error || own.base == MAP_FAILED) {
+      own.base = nullptr;
+      errno = saved;
+      fail(ErrorKind::Internal, errno_message("pycomm: cannot allocate or map " + std::to_string(own.bytes) +
+                                              " bytes of shared memory"));
+    }
+    break;
+  }
+  SegmentHeader* h = new (own.base) SegmentHeader{};
+  h->magic = kSegmentMagic;
+  h->owner_rank = static_cast<uint32_t>(rank);
+  h->ring_count = static_cast<uint32_t>(layout.ring_count);
+  h->chunk_bytes = layout.chunk_bytes;
+  h->depth = layout.depth;
+  for (size_t r = 0; r < layout.ring_count; ++r) new (layout.control(own.base, r)) RingControl{};
+  return segment;
+}
 
 class ShmTransport;
 
@@ -250,8 +317,9 @@ class ShmChannel final : public Channel {
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport(const TransportSetup& s, std::unique_ptr<SlotArena> arena)
-      : spin_(s.spin), arena_(std::move(arena)) {
+  ShmTransport(const TransportSetup& s, std::unique_ptr<ShmSegment> segment, std::unique_ptr<SlotArena> arena)
+      : spin_(s.spin), arena_(std::move(arena)), layout_(Layout::of(s, arena_ != nullptr)),
+        own_segment_(take_or_create(std::move(segment), s.rank)) {
     std::vector<int> clique = s.peers;
     clique.push_back(s.rank);
     std::sort(clique.begin(), clique.end());
@@ -264,10 +332,6 @@ class ShmTransport final : public Transport {
       }
       fail(ErrorKind::Internal, "pycomm: shm ring index");
     };
-    layout_ = Layout{s.chunk_bytes ? s.chunk_bytes : s.config->shm_chunk_bytes,
-                     static_cast<size_t>(s.config->pipeline_depth), clique.size() - 1, arena_ != nullptr};
-    remove_orphaned_segments();
-    create_own_segment(s.rank);
     const auto key = [&](const char* what, int rank) { return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank); };
     // Every peer's value of `what`, in s.peers order.
     const auto from_peers = [&](const char* what) {
@@ -357,38 +421,6 @@ class ShmTransport final : public Transport {
   const SpinPolicy& spin() const { return spin_; }
 
  private:
-  void create_own_segment(int rank) {
-    own_.bytes = layout_.total();
-    for (int attempt = 0;; ++attempt) {
-      own_.name = "/pycomm-" + std::to_string(getpid()) + "-" + random_hex(16);
-      const int fd = shm_open(own_.name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      if (fd < 0 && errno == EEXIST && attempt < 4) continue;
-      if (fd < 0) {
-        own_.name.clear();
-        fail(ErrorKind::Internal, errno_message("pycomm: shm_open(" + own_.name + ")"));
-      }
-      const bool ok = ftruncate(fd, static_cast<off_t>(own_.bytes)) == 0 &&
-                      (own_.base = static_cast<char*>(mmap(nullptr, own_.bytes, PROT_READ | PROT_WRITE,
-                                                           MAP_SHARED, fd, 0))) != MAP_FAILED;
-      const int saved = errno;
-      close(fd);
-      if (!ok) {
-        own_.base = nullptr;
-        errno = saved;
-        fail(ErrorKind::Internal, errno_message("pycomm: cannot size or map " +
-                                                std::to_string(own_.bytes) + " bytes of shared memory"));
-      }
-      break;
-    }
-    SegmentHeader* h = new (own_.base) SegmentHeader{};
-    h->magic = kSegmentMagic;
-    h->owner_rank = static_cast<uint32_t>(rank);
-    h->ring_count = static_cast<uint32_t>(layout_.ring_count);
-    h->chunk_bytes = layout_.chunk_bytes;
-    h->depth = layout_.depth;
-    for (size_t r = 0; r < layout_.ring_count; ++r) new (layout_.control(own_.base, r)) RingControl{};
-  }
-
   void open_peer_segment(Mapping& m, const std::string& name, int peer) {
     if (name.rfind("/pycomm-", 0) != 0 || name.find('/', 1) != std::string::npos)
       fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(peer) + " published an invalid segment name");
@@ -410,10 +442,25 @@ class ShmTransport final : public Transport {
       fail(ErrorKind::Mismatch, "pycomm: shared memory of rank " + std::to_string(peer) + " has a different layout");
   }
 
+  // `segment` if made for this transport (reserve_shm_segment), else a new one.
+  std::unique_ptr<OwnSegment> take_or_create(std::unique_ptr<ShmSegment> segment, int rank) const {
+    if (!segment) {
+      std::string shortage;
+      if (auto made = create_segment(layout_, rank, shortage)) return made;
+      fail(ErrorKind::InvalidArgument, "pycomm: no room in shared memory: " + shortage +
+                                           " (raise the size of /dev/shm: docker run --shm-size, say)");
+    }
+    std::unique_ptr<OwnSegment> own(dynamic_cast<OwnSegment*>(segment.release()));
+    if (!own || own->layout.total() != layout_.total() || arena_)
+      fail(ErrorKind::Internal, "pycomm: shm transport given a segment made for another layout");
+    return own;
+  }
+
   SpinPolicy spin_;
   std::unique_ptr<SlotArena> arena_;  // outlives the channels, which point into it
-  Layout layout_{};
-  Mapping own_;
+  Layout layout_;
+  std::unique_ptr<OwnSegment> own_segment_;
+  Mapping& own_ = own_segment_->mapping;
   std::map<int, std::unique_ptr<Mapping>> peers_;
   std::vector<std::unique_ptr<ShmChannel>> channels_;
 };
@@ -462,8 +509,15 @@ void ShmChannel::check_alive(const Deadline& deadline, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup, std::unique_ptr<SlotArena> payloads) {
-  return std::make_unique<ShmTransport>(setup, std::move(payloads));
+std::unique_ptr<ShmSegment> reserve_shm_segment(const TransportSetup& setup, std::string& shortage) {
+  return create_segment(Layout::of(setup, false), setup.rank, shortage);
+}
+
+size_t shm_segment_bytes(const TransportSetup& setup) { return Layout::of(setup, false).total(); }
+
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup, std::unique_ptr<ShmSegment> segment,
+                                              std::unique_ptr<SlotArena> payloads) {
+  return std::make_unique<ShmTransport>(setup, std::move(segment), std::move(payloads));
 }
 
 }  // namespace pycomm

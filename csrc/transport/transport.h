@@ -126,8 +126,24 @@ struct TransportSetup {
   Doorbell doorbell;               // rung for every frame that arrives (transports that host none)
 };
 
-// `payloads`: slot payloads in device memory (see SlotArena); null: in the shared segment.
-std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup,
+// This rank's segment of a shared-memory transport with `setup` (its outbound rings, in
+// host memory), made ahead of the transport so that a group can first agree on what fits:
+// its pages are allocated here, so a /dev/shm too small for it is known now, never as a
+// SIGBUS at first touch. Null where it does not fit, with `shortage` saying so ("/dev/shm
+// has 3.2 MiB free, rank 5 needed 15.0 MiB"). Unlinked when destroyed unless a transport
+// took it.
+class ShmSegment {
+ public:
+  virtual ~ShmSegment() = default;
+};
+std::unique_ptr<ShmSegment> reserve_shm_segment(const TransportSetup& setup, std::string& shortage);
+// The bytes of /dev/shm that reserve_shm_segment(setup) takes.
+size_t shm_segment_bytes(const TransportSetup& setup);
+
+// `segment`: from reserve_shm_segment(setup); null: made here, an InvalidArgument error
+// where it does not fit. `payloads`: slot payloads in device memory (see SlotArena; then
+// `segment` must be null); null: in the shared segment.
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup, std::unique_ptr<ShmSegment> segment = nullptr,
                                               std::unique_ptr<SlotArena> payloads = nullptr);
 std::unique_ptr<Transport> make_tcp_transport(const TransportSetup& setup);
 
