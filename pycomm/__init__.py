@@ -67,9 +67,46 @@ def _devices_of_pycomm_group(caller):
     return [torch.device(device) for device in device_map]
 
 
+def _shrunk_group_of(create):
+    """torch's builder of the group that shrink_group returns, ``create``, made to return a
+    PycommProcessGroup where the new backend is pycomm's: a group that serves every device
+    pycomm served in the group shrunk and is named "pycomm", as that one was.
+
+    torch's own builder (_create_shrunk_process_group) registers the new backend of a group
+    not bound to a CUDA device under BackendType GLOO, for the CPU alone, so the group names
+    itself "gloo". DDP's logger, on a group so named, takes its GLOO backend for a
+    ProcessGroupGloo (a static_cast) and reads the thread count through that class's
+    options pointer: from a pycomm backend, bytes of another member taken for a pointer,
+    a segmentation fault. The builder's result is rebuilt here because torch offers no
+    later hook: shrink_group registers what the builder returns as the new group (the new
+    default group where the default one was shrunk), and every call of shrink_group, under
+    whichever name it was imported, passes through this module attribute."""
+
+    def create_shrunk_group(new_backend, *args, **kwargs):
+        group = create(new_backend, *args, **kwargs)
+        if not isinstance(new_backend, ProcessGroupPycomm):
+            return group
+        # The builder records the group shrunk's device map ("cpu:pycomm", ...) for its own
+        # group, dropped here with that entry; shrink_group records it again for the group
+        # returned. Without a map: every device pycomm was registered for.
+        config = dist.distributed_c10d._world.pg_backend_config.pop(group, "") or BACKEND_NAME
+        device_map = dist.distributed_c10d.BackendConfig(dist.Backend(config)).get_device_backend_map()
+        devices = [torch.device(device) for device, name in device_map.items() if name == BACKEND_NAME]
+        pycomm_group = _C.PycommProcessGroup(group.get_group_store(), group.rank(), group.size(), new_backend,
+                                             devices)
+        pycomm_group._set_group_name(group.group_name)
+        pycomm_group._set_group_desc(group.group_desc)
+        return pycomm_group
+
+    return create_shrunk_group
+
+
 if BACKEND_NAME not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"] if _C.has_cuda else ["cpu"])
+    if hasattr(dist.distributed_c10d, "_create_shrunk_process_group"):  # a torch with shrink_group
+        dist.distributed_c10d._create_shrunk_process_group = _shrunk_group_of(
+            dist.distributed_c10d._create_shrunk_process_group)
 
 
 def knobs():

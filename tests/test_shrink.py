@@ -48,7 +48,8 @@ def shrink_world(rank, ws, killed, subgroup):
     pids = [None] * new.size()
     dist.all_gather_object(pids, os.getpid(), group=new)
     return {"rank": new.rank(), "size": new.size(), "default": dist.get_world_size(), "failed": failed,
-            "x": x.tolist(), "equal": torch.equal(x, y), "shrink_s": shrink_s, "held": _held_of_others(pids)}
+            "x": x.tolist(), "equal": torch.equal(x, y), "shrink_s": shrink_s, "held": _held_of_others(pids),
+            "backend": (str(dist.get_backend(new)), new.name())}
 
 
 def _held_of_others(pids):
@@ -76,6 +77,7 @@ def test_survivors_shrink_to_a_working_group(layout, killed, subgroup):
     for rank, got in enumerate(results[:GONE]):
         assert (got["rank"], got["size"], got["default"]) == (rank, WS - 1, WS if subgroup else WS - 1), got
         assert got["equal"] and got["x"] == want.tolist(), rank
+        assert got["backend"] == ("pycomm", "pycomm"), got["backend"]  # not torch's "gloo"
         if not subgroup:  # the old group, destroyed, held the only resources of the lost rank
             # Left: one pidfd per peer of each live group (the new default one and the
             # group made on it) where they share memory, none over TCP.
