@@ -2,7 +2,9 @@
 rank leaves) and of a group a SIGKILLed peer poisoned get a group of their own, renumbered,
 over shared memory, over TCP and across two nodes; collectives on it give exact values
 (sums of quarters, exact in any order); shrinking the default group makes the new one the
-default; nothing is left behind (conftest checks /dev/shm)."""
+default; nothing is left behind (conftest checks /dev/shm). The new group is a pycomm group
+as the old one was, whatever backend type torch registered it under: DDP, FSDP2 and a group
+made under it train on it as a single process does."""
 
 import os
 import re
@@ -84,6 +86,90 @@ def test_survivors_shrink_to_a_working_group(layout, killed, subgroup):
             assert got["held"]["segments of"] == [] and got["held"]["pidfds"] <= 2 * (WS - 2), got["held"]
         if killed:
             assert got["failed"] and "rank 3" in got["failed"], got["failed"]
+
+
+# ---- training on the shrunk group ----
+
+TRAIN_STEPS = 3
+SUBGROUPS = [[0, 2], [1]]  # of the survivors
+# Float32 gradients averaged in another order than the reference's differ by a few ulps.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batch(ranks, step):
+    """The batches of ``ranks`` at ``step``, concatenated: a rank's own, or all of them for
+    the single-process reference (whose mean loss is the mean of the ranks' mean losses)."""
+    x = torch.cat([torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * step + r)) for r in ranks])
+    return x, torch.sin(x[:, :4])
+
+
+def _train(model, ranks):
+    """TRAIN_STEPS SGD steps on the batches of ``ranks``; the parameters after them."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(TRAIN_STEPS):
+        x, y = _batch(ranks, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def training_world(rank, ws, killed):
+    """The survivors shrink the default group (after rank GONE left, or died by SIGKILL and
+    failed their next collective), then train on the new one with DDP and FSDP2, and with
+    DDP on their groups of SUBGROUPS made under it. Returns every trained model's parameters
+    and what torch, DDP's logger and the groups name the backend; rank 0 also the parameters
+    of the single-process references, by the ranks whose batches they train on (computed
+    here, where the training code is warm: the first backward in the test's own process
+    costs seconds)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.all_reduce(torch.ones(4))
+    if rank == GONE:
+        if killed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return None
+    if killed:
+        with pytest.raises(dist.DistBackendError):
+            dist.all_reduce(torch.ones(4096))
+    new = dist.shrink_group([GONE], shrink_flags=dist.distributed_c10d.SHRINK_ABORT if killed else 0)
+    ddp = DDP(_net())  # on the default group, the new one
+    fsdp = _net()
+    fully_shard(fsdp, mesh=DeviceMesh.from_group(new, "cpu"))
+    sub, _ = dist.new_subgroups_by_enumeration(SUBGROUPS)  # each made by dist.new_group; this rank's
+    got = {"default": dist.distributed_c10d._get_default_group() is new,
+           "names": [(str(dist.get_backend(new)), new.name(), ddp._get_ddp_logging_data()["backend_name"]),
+                     (str(dist.get_backend(sub)), sub.name())],
+           "ddp": _train(ddp, [new.rank()]),
+           "fsdp": [p.full_tensor() for p in _train(fsdp, [new.rank()])],
+           "sub": _train(DDP(_net(), process_group=sub), [new.rank()])}
+    if new.rank() == 0:
+        got["references"] = {tuple(ranks): _train(_net(), ranks) for ranks in [range(new.size()), *SUBGROUPS]}
+    return got
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("killed", [False, True], ids=["healthy", "poisoned"])
+def test_ddp_fsdp2_and_subgroups_train_on_a_shrunk_group(killed):
+    results = run_world(training_world, WS, args=(killed,), expect_killed=(GONE,) if killed else (), timeout=120,
+                        pg_timeout=30)
+    references, survivors = results[0]["references"], tuple(range(WS - 1))
+    for rank, got in enumerate(results[:GONE]):
+        assert got["default"], rank
+        assert all(names == ("pycomm",) * len(names) for names in got["names"]), (rank, got["names"])
+        group = next(tuple(ranks) for ranks in SUBGROUPS if rank in ranks)
+        for kind, ranks in [("ddp", survivors), ("fsdp", survivors), ("sub", group)]:
+            for i, (p, q) in enumerate(zip(got[kind], references[ranks], strict=True)):
+                assert torch.allclose(p, q, rtol=RTOL, atol=ATOL), f"rank {rank} {kind} param {i}: {p - q}"
+                assert torch.equal(p, results[ranks[0]][kind][i]), f"rank {rank} {kind} param {i}: not rank " \
+                    f"{ranks[0]}'s"
 
 
 # ---- recovery with unchanged bits ----
