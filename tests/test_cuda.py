@@ -214,9 +214,8 @@ def test_every_collective_on_cuda(ws):
 
 def shrink_on_cuda(rank, ws):
     """The last rank leaves; the others shrink the default group and all-reduce CUDA
-    tensors on the new group's pycomm backend. (torch registers a shrunk group's backend
-    for the device the old group was bound to, init_process_group(device_id=...), else for
-    the CPU: the backend itself serves CUDA memory either way.)"""
+    tensors on the new group, which serves CUDA as the old one did (torch registers a
+    shrunk group's backend for the CPU alone; pycomm rebuilds the group)."""
     dev = torch.device("cuda", 0)
     t = torch.full((1000,), rank + 1.0, device=dev)
     dist.all_reduce(t)
@@ -224,7 +223,7 @@ def shrink_on_cuda(rank, ws):
         return []
     new = dist.shrink_group([ws - 1])
     x = torch.full((1 << 20,), rank + 1.0, device=dev)
-    new._get_backend(torch.device("cpu")).allreduce([x]).wait()
+    dist.all_reduce(x, group=new)
     want = (ws - 1) * ws / 2
     return [] if torch.equal(x.cpu(), torch.full((1 << 20,), want)) else [("shrunk", x[:4].tolist(), want)]
 
