@@ -1,7 +1,7 @@
 """All-reduce (or reduce-scatter, all-gather) across a slow link between simulated hosts: hierarchical against flat ring,
 compressed against uncompressed, pycomm against gloo, pycomm's layered path over gloo.
 
-    .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--json out.json]
+    .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--groups 10] [--json out.json]
         [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3,
                       layered-direct+fp8_e4m3,layered-hierarchical+fp8_e4m3]
 
@@ -281,12 +281,25 @@ def worker(args):
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)   # a call ends with its slowest rank
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM, group=gloo)
     errors = [error(a) for a in algorithms]
+    # The automatic choice in groups created anew, each measuring its links again: the
+    # labels their plans give (Work.algorithm).
+    choices = {}
+    for _ in range(args.groups if args.collective == "all_reduce" else 0):
+        group = dist.new_group(backend="pycomm")
+        for a in algorithms:
+            algorithm, _, codec = a.partition("+")
+            if algorithm == "auto":
+                work = pycomm.all_reduce(t, group=group, compression=codec or None, async_op=True)
+                choices.setdefault(a, []).append(work.algorithm)
+                work.wait()
+        dist.destroy_process_group(group)
     every = [None] * n
     dist.all_gather_object(every, spent, group=gloo)
     if rank == 0:
         out = {"world": n,
                "results": {a: {"times_s": times[i].tolist(), "wrong": int(wrong[i]), "rel_rms_error": errors[i]}
-                           for i, a in enumerate(algorithms)}}
+                           for i, a in enumerate(algorithms)},
+               "choices_in_new_groups": choices or None}
         for a in algorithms:  # ms per call on each rank, by step (layered variants)
             if any(every[r][a] for r in range(n)):
                 out["results"][a]["phases_ms"] = {
@@ -485,7 +498,8 @@ def summarize(args, raw, describe):
             "size_bytes": args.size, "dtype": "float32", "op": "sum", "repeats": args.repeats,
             "topology": describe, "results": rows,
             "hierarchical_over_ring_busbw": ratio, "layered_over_gloo_busbw": layered or None,
-            "layered_plans": raw.get("layered_plans"), "mover_links": raw.get("mover_links")}
+            "layered_plans": raw.get("layered_plans"), "mover_links": raw.get("mover_links"),
+            "choices_in_new_groups": raw.get("choices_in_new_groups")}
 
 
 def report(s):
@@ -509,6 +523,10 @@ def report(s):
         lines.append("hierarchical/ring busbw: n/a (needs both ring and hierarchical in --algorithms)")
     for a, x in (s.get("layered_over_gloo_busbw") or {}).items():
         lines.append("%s/gloo busbw: %.2fx%s" % (a, x, " (target >= 3x for fp8_e4m3)" if a.endswith("fp8_e4m3") else ""))
+    if s.get("choices_in_new_groups"):
+        lines.append("the automatic choice in %d groups created anew: " % len(next(iter(s["choices_in_new_groups"].values())))
+                     + "; ".join("%s: %s" % (a, ", ".join("%s %d" % (c, labels.count(c)) for c in sorted(set(labels))))
+                                 for a, labels in s["choices_in_new_groups"].items()))
     if s.get("layered_plans"):
         lines.append("layered calls by the algorithm their plan chose (warm-up and error runs included): " + ", ".join(
             "%s %d" % kv for kv in s["layered_plans"].items()))
@@ -534,7 +552,7 @@ def drive(args):
         print("multihost bench: cannot run: %s" % why, file=sys.stderr)
         return 2
     worker_args = ["--worker", "--collective", args.collective, "--size", str(args.size), "--batch", str(args.batch),
-                   "--repeats", str(args.repeats),
+                   "--repeats", str(args.repeats), "--groups", str(args.groups),
                    "--algorithms", args.algorithms, "--pg-timeout", str(args.pg_timeout),
                    "--deadline", str(max(10, args.timeout - 15))]
     sysctls = {"net.ipv4.tcp_slow_start_after_idle": args.slow_start_after_idle}
@@ -581,6 +599,9 @@ def main():
                          "layered[+codec] (pycomm's layered path over the gloo group); default "
                          "ring,hierarchical,auto. ddp: gloo, exact or a codec (pycomm's hooks), default "
                          "gloo,exact,fp8_e4m3")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="all_reduce: create this many pycomm groups afterwards and report what the auto variants "
+                         "choose in each (each group measures its links anew)")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2, help="ranks per host")
     ap.add_argument("--slow-start-after-idle", type=int, choices=(0, 1), default=1,

@@ -12,7 +12,8 @@ namespace pycomm {
 // Link costs are measured on one pair per link class (the lowest-numbered pair within a
 // node, and across nodes) and shared through the store, so that every rank selects
 // algorithms from the same numbers. The reference costs come from rank 0's machine (its
-// ranks per core), shared the same way. With PYCOMM_LINK_COSTS naming an existing file,
+// ranks per core), shared the same way, the link between nodes at its class (link_class).
+// With PYCOMM_LINK_COSTS naming an existing file,
 // rank 0 reads it instead ("intra <latency_us> <bytes_per_us>" and "inter ..." lines),
 // and its costs are both the measured and the reference ones: pinned, so that every run
 // prices alike; naming a missing file, rank 0 writes the measured costs there.
@@ -67,6 +68,7 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
     if (!(fields >> classes[cls]->latency_us >> classes[cls]->bytes_per_us) || classes[cls]->bytes_per_us <= 0)
       fail(ErrorKind::InvalidArgument, "pycomm: malformed link costs '" + value + "' (PYCOMM_LINK_COSTS=" + file + ")");
     if (pinned) *references[cls] = *classes[cls];
+    else if (cls == 1) reference_costs_.inter = link_class(costs_.inter, reference_costs_.inter);
   }
   if (rank_ == 0 && !file.empty() && cached.empty()) {
     std::ofstream out(file);

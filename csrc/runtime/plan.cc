@@ -453,4 +453,11 @@ LinkCosts reference_link_costs(double ranks_per_core) {
   return {{1.5 * waits, 5000}, {20 * waits, 1250}};
 }
 
+LinkCost link_class(const LinkCost& measured, const LinkCost& reference) {
+  const double decades = std::floor(std::log10(reference.bytes_per_us / measured.bytes_per_us) + 0.5);
+  LinkCost priced = reference;
+  if (decades > 0) priced.bytes_per_us /= std::pow(10.0, decades);
+  return priced;
+}
+
 }  // namespace pycomm

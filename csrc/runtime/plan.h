@@ -68,6 +68,17 @@ Plan make_plan(const PlanInput& in);
 // ranks 3x, of 8 ranks 25x the step of 2).
 LinkCosts reference_link_costs(double ranks_per_core);
 
+// The class of a link between nodes, measured at `measured`, as the default mode prices
+// it: `reference` (the reference TCP link), its bandwidth divided by the whole power of
+// ten nearest to how many times slower the measured link is; never faster than the
+// reference. A class changes only where the measured bandwidth crosses reference / 10^k
+// times 10^0.5 (for 10 GbE's 1.25 GB/s: 0.395 GB/s, 39.5 MB/s...), which no common link
+// measures near: 1 GbE (about 0.12 GB/s) is priced at 125 MB/s, 10 GbE and faster at the
+// reference, 2.5 GbE (about 0.29 GB/s) as 1 GbE; so the noise of a measurement cannot
+// change the default mode's choice, and its bits, between runs (D1), yet a link ten
+// times slower than the reference is priced as one. Latencies keep the reference's.
+LinkCost link_class(const LinkCost& measured, const LinkCost& reference);
+
 // The plan of family `a` for the input, as make_plan would make it if `a` were asked
 // for; false (and why, where `why` is given) when none of its rows applies.
 bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why = nullptr);

@@ -339,7 +339,30 @@ static void test_point_to_point() {
     }
 }
 
+// The default mode prices a link between nodes at its class: the reference TCP link,
+// slower by the whole power of ten nearest to the measurement, never faster. A 1 Gbit/s
+// link is priced as one, whatever the noise of its measurement, and so the 64 MiB
+// all-reduce of 2 x 2 ranks across it is hierarchical, as its measured costs say.
+static void test_link_classes() {
+  const LinkCost reference = reference_link_costs(1).inter;
+  const auto priced = [&](double bytes_per_us) { return link_class({50, bytes_per_us}, reference); };
+  for (double gbe1 : {90.0, 117.0, 134.0, 180.0, 290.0})  // 1 GbE measured, noisy; 2.5 GbE
+    CHECK(priced(gbe1).bytes_per_us == reference.bytes_per_us / 10, "%g B/us: %g", gbe1, priced(gbe1).bytes_per_us);
+  for (double fast : {450.0, 1100.0, 2900.0, 12000.0})  // 5, 10, 25, 100 GbE
+    CHECK(priced(fast).bytes_per_us == reference.bytes_per_us, "%g B/us: %g", fast, priced(fast).bytes_per_us);
+  CHECK(priced(11.0).bytes_per_us == reference.bytes_per_us / 100, "100 Mbit/s: %g", priced(11.0).bytes_per_us);
+  CHECK(priced(117.0).latency_us == reference.latency_us, "the latency stays the reference's");
+
+  const Topology two = uniform(2, 2);
+  PlanInput in = input(two, 64 << 20);
+  in.reference_costs = reference_link_costs(1);
+  CHECK(std::string(chosen(in)) == "ring", "64 MiB at the reference link: %s", chosen(in));
+  in.reference_costs.inter = link_class(in.costs.inter, in.reference_costs.inter);
+  CHECK(std::string(chosen(in)) == "hierarchical", "64 MiB at 1 GbE's class: %s", chosen(in));
+}
+
 int main() {
+  test_link_classes();
   test_point_to_point();
   test_log_step_reduce_scatter_and_all_gather();
   test_two_level_reduce_scatter_and_all_gather();
