@@ -576,12 +576,25 @@ def drive(args):
     steps = args.collective in TRAINING
     summary = (summarize_steps if steps else summarize)(args, json.loads(found[0]), describe)
     summary["job_s"] = elapsed
+    summary["run"] = run_of()
+    print("run: %s" % json.dumps(summary["run"]))
     print((report_steps if steps else report)(summary))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
             f.write("\n")
     return 0 if all(r["wrong"] == 0 for r in summary["results"].values()) else 1
+
+
+def run_of():
+    """When, from which commit and on which machine the results were made."""
+    import platform
+
+    from pycomm.bench.run_metadata import git_state, usable_cpus
+
+    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git": git_state(),
+            "machine": "%s, %d usable CPUs, %s" % (platform.processor() or platform.machine(), usable_cpus(),
+                                                   platform.platform())}
 
 
 def main():

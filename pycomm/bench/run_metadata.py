@@ -23,7 +23,7 @@ def usable_cpus() -> int:
         return os.cpu_count()
 
 
-def _git_state() -> Optional[dict]:
+def git_state() -> Optional[dict]:
     """Commit and dirtiness of the checkout this package runs from (best effort)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -44,7 +44,7 @@ def environment(cfg: Config, versions: Dict[str, str]) -> dict:
 
     return {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": _git_state(),
+        "git": git_state(),
         "command": cfg.command,
         "world_size": cfg.nranks,
         "launcher": cfg.launcher,
