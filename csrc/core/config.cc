@@ -35,6 +35,11 @@ const EnumTable<CudaFlags>& table_of<CudaFlags>() {
   static const EnumTable<CudaFlags> t{"CUDA flags", {{CudaFlags::Auto, "auto"}, {CudaFlags::Always, "always"}}};
   return t;
 }
+template <>
+const EnumTable<CudaIpc>& table_of<CudaIpc>() {
+  static const EnumTable<CudaIpc> t{"CUDA IPC", {{CudaIpc::Auto, "auto"}, {CudaIpc::Off, "off"}}};
+  return t;
+}
 
 namespace {
 
@@ -175,6 +180,9 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_CUDA_FLAGS", "auto",
        "Where the flag-synchronized one-shot runs: auto (when the ranks' kernels can run at the same time: each rank on its own GPU, or GPUs shared through MPS) or always (also where processes time-slice one GPU: right, but every wait lasts a time slice).",
        kSameOnEveryRank, enum_knob<&Config::cuda_flags>},
+      {"PYCOMM_CUDA_IPC", "auto",
+       "Between ranks of one host, collectives on CUDA tensors move frames through each other's CUDA memory (CUDA IPC): auto, for every pair whose devices map each other's memory (probed when the group first uses the device; the other pairs are staged through host memory, as across hosts), or off, staging every pair.",
+       kSameOnEveryRank, enum_knob<&Config::cuda_ipc>},
       {"PYCOMM_KERNELS", "auto",
        "Kernels for CUDA tensors where pycomm reduces over another backend (the layered path): auto (pycomm's CUDA kernels in a CUDA build, else its Triton kernels), cuda or triton.",
        kPerRank, enum_knob<&Config::kernels>},

@@ -41,10 +41,12 @@ enum class KernelChoice : uint8_t { Auto, Cuda, Triton };
 // Where the flag-synchronized one-shot runs: auto (ranks' kernels run at the same time)
 // or always (also where processes time-slice one GPU).
 enum class CudaFlags : uint8_t { Auto, Always };
+enum class CudaIpc : uint8_t { Auto, Off };
 template <> const EnumTable<TransportChoice>& table_of<TransportChoice>();
 template <> const EnumTable<LogLevel>& table_of<LogLevel>();
 template <> const EnumTable<KernelChoice>& table_of<KernelChoice>();
 template <> const EnumTable<CudaFlags>& table_of<CudaFlags>();
+template <> const EnumTable<CudaIpc>& table_of<CudaIpc>();
 
 constexpr int kCollectiveCount = static_cast<int>(Collective::Barrier) + 1;
 
@@ -71,6 +73,7 @@ struct Config {
   size_t cuda_chunk_bytes = 0;
   size_t cuda_flag_bytes = 0;         // the largest flag-synchronized all-reduce on CUDA (0: none)
   CudaFlags cuda_flags = CudaFlags::Auto;
+  CudaIpc cuda_ipc = CudaIpc::Auto;        // Off: every pair of CUDA memories staged through the host
   KernelChoice kernels = KernelChoice::Auto;  // CUDA tensors on the layered path
   int pipeline_depth = 0;             // slots per channel direction
   size_t eager_bytes = 0;             // asynchronous collectives this small run at once

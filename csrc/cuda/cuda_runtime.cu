@@ -126,10 +126,12 @@ class CudaSlotArena final : public SlotArena {
     CudaDeviceScope scope(device_);
     void* p = nullptr;
     const cudaError_t e = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: the caller may stage this pair instead, and no later check must see it
       fail(ErrorKind::PeerFailure, "pycomm: cannot map the CUDA memory of rank " + std::to_string(peer) +
                                        " (cudaIpcOpenMemHandle: " + cudaGetErrorString(e) +
                                        "; CUDA IPC needs both ranks' devices on this host, with peer access)");
+    }
     mapped_.push_back(p);
     return static_cast<char*>(p);
   }

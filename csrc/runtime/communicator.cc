@@ -185,7 +185,12 @@ std::string Communicator::operation_line(const OpStamp& stamp) const {
 }
 
 std::string Communicator::stats_json() const {
-  return recorder_.stats_json({group_name_, rank_, size_}, {describe_transports(), chunk_bytes_, shm_fallback_});
+  std::string fallback = shm_fallback_;
+  {
+    std::lock_guard<std::mutex> lock(devices_mutex_);
+    if (!device_fallbacks_.empty()) fallback += (fallback.empty() ? "" : "; ") + device_fallbacks_;
+  }
+  return recorder_.stats_json({group_name_, rank_, size_}, {describe_transports(), chunk_bytes_, fallback});
 }
 
 std::string Communicator::flight_recorder_json(const std::string& reason) const {

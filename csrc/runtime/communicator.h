@@ -26,6 +26,8 @@
 
 namespace pycomm {
 
+class DeviceRuntime;
+
 // This process's host, as groups tell nodes apart (rendezvous.cc): equal exactly for
 // processes that can map each other's shared memory and see each other's pids.
 std::string host_key();
@@ -138,6 +140,11 @@ class Communicator final : private SenderMatch {
   // setting them up throws.
   void use_device(Context& cx, const Request& rq);  // device_path.cc
   DevicePath& device_path(int device);              // device_path.cc
+  // The ranks of this host whose frames on `device` go over its runtime's shared device
+  // memory (the others are staged through host memory; then `any_staged` is set);
+  // device_path.cc.
+  std::vector<int> mapped_peers(const DeviceRuntime& runtime, int device, const std::string& prefix,
+                                const Deadline& deadline, bool& any_staged);
   // The ops on `device`'s memory, made by this rank alone on first use: a point-to-point
   // operation, which its peers need not join, may be the first. Any thread: p2p lanes run
   // at once, and share them.
@@ -181,6 +188,7 @@ class Communicator final : private SenderMatch {
   mutable std::mutex devices_mutex_;              // guards device_ops_, and devices_ against abort()
   std::map<int, std::unique_ptr<DeviceOps>> device_ops_;  // before devices_, whose paths use them
   std::map<int, std::unique_ptr<DevicePath>> devices_;
+  std::string device_fallbacks_;                  // the device paths' staged pairs, and why; guarded as devices_
   std::mutex poison_mutex_;
   std::string poison_;                            // guarded by poison_mutex_
   std::atomic<bool> poisoned_{false};             // poison_ is set

@@ -55,6 +55,11 @@ class HostOps final : public DeviceOps {
   }
 };
 
+// Set by a rank's thread whose process, as it were, cannot map other ranks' device memory
+// (a process that sees only its own GPU).
+thread_local bool maps_refused = false;
+std::atomic<int> probes_mapped{0};
+
 // Slots in this process's memory; the handle is the address (ranks are threads here).
 class HostArena final : public SlotArena {
  public:
@@ -64,7 +69,11 @@ class HostArena final : public SlotArena {
     return std::to_string(reinterpret_cast<uintptr_t>(memory_.get()));
   }
   char* base() override { return memory_.get(); }
-  char* map(const std::string& handle, int) override { return reinterpret_cast<char*>(std::stoull(handle)); }
+  char* map(const std::string& handle, int peer) override {
+    if (maps_refused) fail(ErrorKind::PeerFailure, "cannot map the memory of rank " + std::to_string(peer));
+    ++probes_mapped;
+    return reinterpret_cast<char*>(std::stoull(handle));
+  }
 
  private:
   std::unique_ptr<char[]> memory_;
@@ -267,6 +276,37 @@ void test_no_team_without_flag_bytes() {
   CHECK(teams_made == made, "%d team members made with PYCOMM_CUDA_FLAG_BYTES=0", teams_made - made);
 }
 
+// A rank that cannot map its peers' device memory gets its pairs staged through host
+// memory (the others keep CUDA IPC), with the host path's bits and no team (which needs
+// every pair mapped); PYCOMM_CUDA_IPC=off stages every pair and maps nothing. Rank 0 and
+// stats say which pairs are staged, and why.
+void test_pairs_that_cannot_map_are_staged() {
+  for (CudaIpc ipc : {CudaIpc::Auto, CudaIpc::Off}) {
+    const int made = teams_made, mapped = probes_mapped;
+    with_world(3, [&](Config& cfg) { cfg.cuda_ipc = ipc; cfg.cuda_chunk_bytes = 8192; }, [&](int r, Communicator& comm) {
+      maps_refused = r == 1;
+      for (Algorithm a : {Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot})
+        for (Compression c : {Compression::None, Compression::Bf16}) {
+          std::vector<float> host(3001), device(3001);
+          for (size_t i = 0; i < host.size(); ++i) host[i] = device[i] = value(r, i);
+          for (bool on_device : {false, true}) run(comm, all_reduce_of(on_device ? device : host, on_device, {a, c}));
+          CHECK(std::memcmp(host.data(), device.data(), host.size() * sizeof(float)) == 0,
+                "rank %d %s %s: device bits differ from host bits with pairs staged", r, name_of(a), name_of(c));
+        }
+      const std::string stats = comm.stats_json();
+      const std::string staged = ipc == CudaIpc::Off ? "rank pairs 0-1, 0-2, 1-2 staged through host memory"
+                                                     : "rank pairs 0-1, 1-2 staged through host memory";
+      CHECK(stats.find(staged) != std::string::npos, "rank %d: stats do not say '%s': %s", r, staged.c_str(),
+            stats.c_str());
+      const char* why = ipc == CudaIpc::Off ? "PYCOMM_CUDA_IPC=off" : "on rank 1: cannot map the memory of rank 0";
+      CHECK(stats.find(why) != std::string::npos, "rank %d: stats do not say why ('%s'): %s", r, why, stats.c_str());
+      maps_refused = false;
+    });
+    CHECK(teams_made == made, "%d team members made where a pair is staged", teams_made - made);
+    if (ipc == CudaIpc::Off) CHECK(probes_mapped == mapped, "%d probes mapped with IPC off", probes_mapped - mapped);
+  }
+}
+
 // An abort reaches a member waiting in its team (a PeerFailure, long before the
 // deadline); a member whose peer never comes times out at the deadline.
 void test_abort_reaches_the_team() {
@@ -427,6 +467,7 @@ int main() {
   test_team_carries_small_oneshots(3);
   test_team_carries_small_oneshots(2);
   test_no_team_without_flag_bytes();
+  test_pairs_that_cannot_map_are_staged();
   test_abort_reaches_the_team();
   test_p2p_on_device(TransportChoice::Auto);  // shared memory
   test_p2p_on_device(TransportChoice::Tcp);
