@@ -303,6 +303,59 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   }
 }
 
+// ---- The hash of DeviceOps::hash ----
+//
+// Blocks of kHashBlock bytes, chained: each block's hash seeds the next, so a buffer
+// hashed in place and one copied to the host block by block give the same value. Within
+// a block, kHashLanes independent lanes each take every kHashLanes-th 8-byte word (a tail
+// is padded with zeros; the length enters the result) through a step that is a bijection
+// of the lane for a given word: xor the word, multiply by an odd constant, xor-shift the
+// high half down. The lanes then fold into one value, again by steps that are bijections
+// of each lane; the seed starts lane 0 alone. So a single word that differs changes its
+// lane, hence the block's hash, hence every later block's. The lanes' steps are one loop
+// over an array, vectorized in every clone (32 lanes cover the multiply's latency).
+constexpr size_t kHashLanes = 32;
+constexpr size_t kHashStride = kHashLanes * sizeof(uint64_t);
+constexpr size_t kHashBlock = size_t{1} << 20;  // a multiple of kHashStride
+
+inline uint64_t hash_step(uint64_t lane, uint64_t word) {
+  const uint64_t x = (lane ^ word) * 0x9e3779b97f4a7c15ull;
+  return x ^ (x >> 32);
+}
+
+PYCOMM_WIDE_VECTOR_CLONES
+uint64_t hash_block(const unsigned char* p, size_t n, uint64_t seed) {
+  uint64_t lane[kHashLanes];
+  for (size_t l = 0; l < kHashLanes; ++l) lane[l] = l;
+  lane[0] = seed;
+  uint64_t word[kHashLanes];
+  size_t i = 0;
+  for (; i + kHashStride <= n; i += kHashStride) {
+    std::memcpy(word, p + i, kHashStride);
+    for (size_t l = 0; l < kHashLanes; ++l) lane[l] = hash_step(lane[l], word[l]);
+  }
+  if (i < n) {
+    std::memset(word, 0, kHashStride);
+    std::memcpy(word, p + i, n - i);
+    for (size_t l = 0; l < kHashLanes; ++l) lane[l] = hash_step(lane[l], word[l]);
+  }
+  uint64_t h = n;
+  for (size_t l = 0; l < kHashLanes; ++l) h = hash_step(h, lane[l]);
+  return h;
+}
+
+// The chain over the blocks of `bytes` bytes; block(at, n) gives the host address of bytes
+// [at, at + n).
+template <class Block>
+uint64_t hash_blocks(size_t bytes, Block block) {
+  uint64_t h = 0;
+  for (size_t at = 0; at < bytes; at += kHashBlock) {
+    const size_t n = std::min(kHashBlock, bytes - at);
+    h = hash_block(block(at, n), n, h);
+  }
+  return h;
+}
+
 class CpuOps final : public DeviceOps {
  public:
   std::shared_ptr<char> allocate(size_t bytes) const override {
@@ -310,6 +363,10 @@ class CpuOps final : public DeviceOps {
   }
   void copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes && dst != src) std::memcpy(dst, src, bytes);
+  }
+
+  uint64_t hash(const void* data, size_t bytes) const override {
+    return hash_blocks(bytes, [&](size_t at, size_t) { return static_cast<const unsigned char*>(data) + at; });
   }
 
   void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
@@ -339,6 +396,14 @@ class CpuOps final : public DeviceOps {
 };
 
 }  // namespace
+
+uint64_t DeviceOps::hash(const void* data, size_t bytes) const {
+  std::vector<unsigned char> host(std::min(bytes, kHashBlock));
+  return hash_blocks(bytes, [&](size_t at, size_t n) {
+    copy(host.data(), static_cast<const char*>(data) + at, n);
+    return host.data();
+  });
+}
 
 const DeviceOps& cpu_ops() {
   static const CpuOps ops;

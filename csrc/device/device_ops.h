@@ -65,6 +65,14 @@ class DeviceOps {
   // and rounds once to the storage format. `out` may alias any term's data exactly.
   virtual void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
                             size_t n) const = 0;
+  // A 64-bit hash of the `bytes` bytes at `data` (this device's memory): a function of the
+  // bytes alone, the same on every device, so that ranks compare results by their hashes
+  // (PYCOMM_VERIFY). Buffers of one length that differ in a single aligned 8-byte word
+  // always hash differently; any other difference collides with probability about 2^-64.
+  // This default copies the bytes to the host a block at a time and hashes them there
+  // (for device memory: one more read of the buffer, over the bus); host memory is hashed
+  // in place.
+  virtual uint64_t hash(const void* data, size_t bytes) const;
 
   // out = contribution(local) (+) incoming; `incoming` null: the contribution alone.
   void reduce(const ReduceSpec& spec, Stage stage, void* out, const void* local, const void* incoming,

@@ -61,6 +61,39 @@ static void test_kernel() {
   for (int i = 0; i < 5; ++i) CHECK(float_from_half_bits(out[i].bits) == static_cast<float>(i), "avg of fp16");
 }
 
+// DeviceOps::hash: host memory hashed in place gives what the default gives, which copies
+// it through the host a block at a time; every single flipped bit changes it, at any
+// position (the last partial step and the second block included), and so does the length.
+static void test_hash() {
+  struct CopyingOps final : DeviceOps {
+    std::shared_ptr<char> allocate(size_t bytes) const override { return cpu_ops().allocate(bytes); }
+    void copy(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+    void reduce_terms(const ReduceSpec&, Stage, void*, const Term*, int, size_t) const override {}
+  } copying;
+  const size_t mib = size_t{1} << 20;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{255}, size_t{256}, size_t{4099}, mib, mib + 8, 3 * mib + 5}) {
+    std::vector<unsigned char> b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(i * 131 + (i >> 8) * 7);
+    const uint64_t h = cpu_ops().hash(b.data(), n);
+    CHECK(h == copying.hash(b.data(), n), "hash of %zu bytes in place differs from the one through the host", n);
+    std::vector<size_t> positions = {0, n / 2, n - 1};
+    if (n <= 512) {
+      positions.clear();
+      for (size_t i = 0; i < n; ++i) positions.push_back(i);
+    }
+    for (size_t i : positions) {
+      if (i >= n) continue;
+      for (int bit = 0; bit < 8; ++bit) {
+        b[i] ^= static_cast<unsigned char>(1 << bit);
+        CHECK(cpu_ops().hash(b.data(), n) != h, "flipping bit %d of byte %zu of %zu leaves the hash", bit, i, n);
+        b[i] ^= static_cast<unsigned char>(1 << bit);
+      }
+    }
+  }
+  const std::vector<unsigned char> zeros(300, 0);
+  CHECK(cpu_ops().hash(zeros.data(), 299) != cpu_ops().hash(zeros.data(), 300), "the length does not enter the hash");
+}
+
 static void with_world(int n, TransportChoice transport, const std::function<void(int, Communicator&)>& body) {
   with_world(n, [&](Config& cfg) { cfg.transport = transport; }, body);
 }
@@ -265,6 +298,7 @@ int main() {
   test_operators();
   test_kernel();
   test_exact_sums();
+  test_hash();
   test_perturbation_spec();
   for (auto t : {TransportChoice::Shm, TransportChoice::Tcp})
     for (int n = 1; n <= 4; ++n) test_collectives(n, t);
