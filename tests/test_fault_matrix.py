@@ -407,6 +407,8 @@ BAD_SPECS = {
     "1:allreduce:3:before:exit:256": "exit status '256'",
     "1:allreduce:3:before:corrupt": "point must be during",
     "1:allreduce:3:during:corrupt:magic": "corrupt field 'magic'",
+    "1:allreduce:3:during:flip": "point must be after",
+    "1:allreduce:3:after:flip:1": "takes no argument",
     "1:*:*:after:raise,": "has 1 fields",
 }
 

@@ -156,6 +156,9 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_DETERMINISTIC", "0",
        "Determinism level: 0 (every rank identical, run to run), 1 (fixed order), exact.",
        kPerRank, [](Config& c, const Setting& s) { return chosen(s, c.defaults.determinism); }},
+      {"PYCOMM_VERIFY", "0",
+       "Every N-th all-reduce, all-gather and broadcast of a group (counted together), each rank hashes its result and the ranks compare the hashes: results that differ fail the call on every rank, naming the ranks that differ from the majority, and the group fails. 0: off.",
+       kSameOnEveryRank, integer_knob<&Config::verify_every, 0, 1LL << 40>},
       {"PYCOMM_TRANSPORT", "auto",
        "auto: shared memory between ranks of one node, TCP across nodes; shm or tcp forces one.",
        kSameOnEveryRank, enum_knob<&Config::transport>},
@@ -202,7 +205,7 @@ const std::vector<Knob>& knobs() {
        "Test hook: <seed>:<max_us>[:<rank>[:<step>]] makes ranks (or one rank) sleep a pseudo-random 0..max_us microseconds before every frame they send, to reorder arrivals; with <step>, exactly max_us before the step-th frame (from 0) of each collective only.",
        kPerRank, text_knob<&Config::test_perturb>},
       {"PYCOMM_FAULT", "",
-       "Test hook: <rank>:<op>:<seq>:<point>:<action>[:<arg>][,...] injects a fault on one rank at an operation (op as logs name it, or *; seq as errors show it, or *) at point before|during|during@<k>|after: kill (SIGKILL), stop (SIGSTOP), exit[:<status>] (_exit), raise (an Internal error), delay:<ms>, drop (abort the rank's transports) or corrupt[:seq|count|bytes] (a header field of the frame, during only).",
+       "Test hook: <rank>:<op>:<seq>:<point>:<action>[:<arg>][,...] injects a fault on one rank at an operation (op as logs name it, or *; seq as errors show it, or *) at point before|during|during@<k>|after: kill (SIGKILL), stop (SIGSTOP), exit[:<status>] (_exit), raise (an Internal error), delay:<ms>, drop (abort the rank's transports), corrupt[:seq|count|bytes] (a header field of the frame, during only) or flip (one bit of this rank's output, after only).",
        kPerRank, text_knob<&Config::fault>},
       {"PYCOMM_DEBUG", "WARN",
        "Logging to stderr: WARN|INFO|TRACE (INFO: a line per group, and rank 0 logs a line per operation when it ends: sequence number, op, bytes, dtype, algorithm, compression, determinism level, time; TRACE: every rank logs each operation's start and end, and every frame it sends or receives).",
@@ -220,11 +223,19 @@ const std::vector<Knob>& knobs() {
   return table;
 }
 
-Config Config::from_env() {
+Config Config::from_env(const std::map<std::string, std::string>& settings) {
+  for (const auto& s : settings) {
+    if (std::any_of(knobs().begin(), knobs().end(), [&](const Knob& k) { return s.first == k.name; })) continue;
+    std::string names;
+    for (const Knob& k : knobs()) names += (names.empty() ? "" : ", ") + std::string(k.name);
+    fail(ErrorKind::InvalidArgument, "pycomm: unknown option " + s.first + " (the knobs are " + names + ")");
+  }
   Config c;
   for (const Knob& k : knobs()) {
-    const char* v = std::getenv(k.name);
-    const std::string value = k.apply(c, Setting{k.name, v && *v ? v : k.default_value});
+    const auto given = settings.find(k.name);
+    const char* env = std::getenv(k.name);
+    const std::string v = given != settings.end() ? given->second : env ? env : "";
+    const std::string value = k.apply(c, Setting{k.name, v.empty() ? k.default_value : v});
     if (k.same_on_every_rank) c.same_on_every_rank.emplace_back(k.name, value);
   }
   return c;

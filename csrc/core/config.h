@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,11 +86,15 @@ struct Config {
   std::string flight_recorder_dir;    // where its files go (never empty)
   std::string test_perturb;           // PYCOMM_TEST_PERTURB (tests only)
   std::string fault;                  // PYCOMM_FAULT (tests only; see fault.h)
+  // PYCOMM_VERIFY: every verify_every-th all-reduce, all-gather and broadcast of the group
+  // (counted together) checks that every rank holds the same result bits; 0: none.
+  uint64_t verify_every = 0;
   // The knobs every rank must share, (name, value as compared), in table order.
   std::vector<std::pair<std::string, std::string>> same_on_every_rank;
 
-  // Reads every knob from the environment; a malformed value is an InvalidArgument error.
-  static Config from_env();
+  // Reads every knob from `settings` (a group's own, by knob name: pycomm.Options), else
+  // from the environment; an unknown name or a malformed value is an InvalidArgument error.
+  static Config from_env(const std::map<std::string, std::string>& settings = {});
 };
 
 // Writes `line` and a newline to stderr in one write, so that the lines of concurrent

@@ -1,5 +1,6 @@
 // Errors of the core. The torch binding maps InvalidArgument to ValueError and every
-// other kind to torch.distributed.DistBackendError.
+// other kind to torch.distributed.DistBackendError. Corruption: the results of a
+// collective that must be identical on every rank differ between ranks (PYCOMM_VERIFY).
 #pragma once
 
 #include <stdexcept>
@@ -7,7 +8,7 @@
 
 namespace pycomm {
 
-enum class ErrorKind { InvalidArgument, Timeout, PeerFailure, Mismatch, Internal };
+enum class ErrorKind { InvalidArgument, Timeout, PeerFailure, Mismatch, Corruption, Internal };
 
 class Error : public std::runtime_error {
  public:

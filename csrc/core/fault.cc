@@ -19,7 +19,7 @@ namespace {
 
 constexpr const char* kSyntax =
     "<rank>:<op>:<seq>:<point>:<action>[:<arg>] with point before|during|during@<k>|after and action "
-    "kill|stop|exit[:<status>]|raise|delay:<ms>|drop|corrupt[:seq|count|bytes]";
+    "kill|stop|exit[:<status>]|raise|delay:<ms>|drop|corrupt[:seq|count|bytes]|flip";
 constexpr uint64_t kFlip = uint64_t{1} << 20;  // the bit corrupt flips in seq or count
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -103,8 +103,11 @@ FaultSpec parse_one(const std::string& text) {
     else if (arg == "count") s.field = HeaderField::Count;
     else if (arg == "bytes") s.field = HeaderField::Bytes;
     else bad("corrupt field '" + arg + "' is not seq, count or bytes");
+  } else if (action == "flip") {
+    s.action = FaultAction::Flip;
+    if (s.point != FaultPoint::After) bad("flip alters an operation's output: its point must be after");
   } else {
-    bad("action '" + action + "' is not kill, stop, exit, raise, delay, drop or corrupt");
+    bad("action '" + action + "' is not kill, stop, exit, raise, delay, drop, corrupt or flip");
   }
   const bool takes_arg =
       s.action == FaultAction::Exit || s.action == FaultAction::Delay || s.action == FaultAction::Corrupt;
@@ -136,10 +139,10 @@ std::unique_ptr<FaultInjector> FaultInjector::make(const std::vector<FaultSpec>&
 
 FaultInjector::FaultInjector(std::vector<FaultSpec> specs) : specs_(std::move(specs)), counts_(specs_.size()) {}
 
-void FaultInjector::at(FaultPoint point, const OpStamp& op, const Abort& abort) const {
+void FaultInjector::at(FaultPoint point, const OpStamp& op, const Abort& abort, const Flip& flip) const {
   for (const FaultSpec& s : specs_)
     if (s.point == point && matches(s, op))
-      fire(s, op, point == FaultPoint::Before ? "before" : "after", abort, nullptr);
+      fire(s, op, point == FaultPoint::Before ? "before" : "after", abort, nullptr, flip);
 }
 
 void FaultInjector::before_send(FrameHeader& header, const Abort& abort) const {
@@ -156,11 +159,12 @@ void FaultInjector::before_send(FrameHeader& header, const Abort& abort) const {
   }
   // Outside the lock: delay and stop block this thread, not another one that sends too.
   const OpStamp op = header.op;
-  for (const FaultSpec* s : due) fire(*s, op, "at frame " + std::to_string(s->frame) + " of", abort, &header);
+  for (const FaultSpec* s : due)
+    fire(*s, op, "at frame " + std::to_string(s->frame) + " of", abort, &header, nullptr);
 }
 
 void FaultInjector::fire(const FaultSpec& s, const OpStamp& op, const std::string& where, const Abort& abort,
-                         FrameHeader* header) const {
+                         FrameHeader* header, const Flip& flip) const {
   const std::string what = "pycomm: fault injected by PYCOMM_FAULT='" + s.text + "' on rank " +
                            std::to_string(s.rank) + " " + where + " " +
                            name_of(static_cast<Collective>(op.collective)) + " #" + std::to_string(op.seq);
@@ -186,6 +190,9 @@ void FaultInjector::fire(const FaultSpec& s, const OpStamp& op, const std::strin
       if (s.field == HeaderField::Seq) header->op.seq ^= kFlip;
       else if (s.field == HeaderField::Count) header->op.count ^= kFlip;
       else header->bytes = header->bytes ? header->bytes - 1 : 1;
+      return;
+    case FaultAction::Flip:
+      if (flip) flip();
       return;
   }
 }

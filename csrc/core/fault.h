@@ -31,6 +31,10 @@
 //                      seq (default) or count (one bit flipped: 2^20), or bytes (one
 //                      less, one more when 0), so that the receiver's header check
 //                      reports a mismatch naming this rank
+//           flip       (point after only) flip the lowest bit of the first byte of this
+//                      rank's output of the operation, where it has one: silent data
+//                      corruption, which only verification (PYCOMM_VERIFY) reports,
+//                      since the flip comes before the result is hashed
 //
 // A spec fires at every operation it matches (with seq *, at each one). A malformed value
 // is an InvalidArgument error at group creation. Unset, nothing is done: the communicator
@@ -49,7 +53,7 @@
 namespace pycomm {
 
 enum class FaultPoint : uint8_t { Before, During, After };
-enum class FaultAction : uint8_t { Kill, Stop, Exit, Raise, Delay, Drop, Corrupt };
+enum class FaultAction : uint8_t { Kill, Stop, Exit, Raise, Delay, Drop, Corrupt, Flip };
 enum class HeaderField : uint8_t { Seq, Count, Bytes };
 
 struct FaultSpec {
@@ -69,14 +73,17 @@ class FaultInjector {
  public:
   // Aborts this rank's transports with a reason (the communicator's Context::abort).
   using Abort = std::function<void(const std::string&)>;
+  // Flips one bit of this rank's output of the operation (null: it has none).
+  using Flip = std::function<void()>;
 
   // Every spec of `text`; InvalidArgument when any is malformed. Empty text: none.
   static std::vector<FaultSpec> parse(const std::string& text);
   // `specs` of every rank; keeps those of `rank`. Null when none is left (the hook's off).
   static std::unique_ptr<FaultInjector> make(const std::vector<FaultSpec>& specs, int rank);
 
-  // At point Before or After of the operation stamped `op`; thread-safe.
-  void at(FaultPoint point, const OpStamp& op, const Abort& abort) const;
+  // At point Before or After of the operation stamped `op`; thread-safe. `flip` serves
+  // the flip action (After only).
+  void at(FaultPoint point, const OpStamp& op, const Abort& abort, const Flip& flip = nullptr) const;
   // Before this rank sends the frame `header` (During); may corrupt `header`. Thread-safe
   // (hierarchical algorithms send from two threads).
   void before_send(FrameHeader& header, const Abort& abort) const;
@@ -84,7 +91,7 @@ class FaultInjector {
  private:
   explicit FaultInjector(std::vector<FaultSpec> specs);
   void fire(const FaultSpec& s, const OpStamp& op, const std::string& where, const Abort& abort,
-            FrameHeader* header) const;
+            FrameHeader* header, const Flip& flip) const;
 
   // Frames sent so far in the latest operation that spec i matched.
   struct FrameCount {

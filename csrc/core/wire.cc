@@ -15,6 +15,10 @@ std::string PeerInfo::describe() const {
 std::string describe(const OpStamp& op) {
   std::ostringstream os;
   const auto c = static_cast<Collective>(op.collective);
+  if (op.verification) {
+    os << name_of(c) << " #" << op.seq << " verification (hashes, " << name_of(static_cast<Variant>(op.variant)) << ")";
+    return os.str();
+  }
   os << name_of(c) << " #" << op.seq << " (" << name_of(static_cast<DataType>(op.dtype));
   if (reduces(c))
     os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
@@ -46,6 +50,7 @@ static std::string field_out_of_range(const OpStamp& op) {
       {"compression", op.compression, unknown(name_of(static_cast<Compression>(op.compression)))},
       {"compression block", op.compression_block, op.compression_block >= 64},
       {"determinism", op.determinism, unknown(name_of(static_cast<Determinism>(op.determinism)))},
+      {"verification", op.verification, op.verification > 1},
   };
   for (const auto& f : fields)
     if (f.bad) return std::string(f.field) + " " + std::to_string(f.value);

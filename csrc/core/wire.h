@@ -25,16 +25,21 @@ struct OpStamp {
   uint8_t compression = 0;       // Compression on the wire
   uint8_t compression_block = 0; // log2 of its block
   uint8_t determinism = 0;       // Determinism: ranks in different modes would fold differently
-  uint8_t reserved[5] = {};
+  // 1: the exchange of result hashes that verifies operation `collective` #seq
+  // (PYCOMM_VERIFY), an all-gather of `count` int64 per rank by `variant`; 0: the operation.
+  uint8_t verification = 0;
+  uint8_t reserved[4] = {};
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
            reduce == o.reduce && variant == o.variant && root == o.root && compression == o.compression &&
-           compression_block == o.compression_block && determinism == o.determinism;
+           compression_block == o.compression_block && determinism == o.determinism &&
+           verification == o.verification;
   }
 };
 static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");
 
-// "allreduce #12 (float32, sum, 1000 elements)"; implemented with the collective table.
+// "allreduce #12 (float32, sum, 1000 elements)", "allreduce #12 verification (hashes,
+// direct)"; implemented with the collective table.
 std::string describe(const OpStamp& op);
 
 enum class FrameKind : uint16_t { Data = 1, Abort = 2 };

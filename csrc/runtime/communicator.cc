@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <iomanip>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -12,11 +14,25 @@
 
 namespace pycomm {
 
+namespace {
+
+// The all-gather of one int64 per rank that exchanges result hashes (PYCOMM_VERIFY); its
+// buffers are the caller's.
+Request hash_exchange() {
+  Request rq;
+  rq.collective = Collective::AllGather;
+  rq.dtype = DataType::Int64;
+  rq.count = 1;
+  return rq;
+}
+
+}  // namespace
+
 Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
                            std::chrono::milliseconds timeout, Config config)
     : rank_(rank), size_(size), group_name_(std::move(group_name)), store_(&store), timeout_(timeout),
       config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0), receiving_(new std::mutex[size]),
-      recorder_(config_.flight_recorder_entries) {
+      recorder_(config_.flight_recorder_entries, config_.verify_every) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
   // Parsed before the store is touched, so that a malformed spec leaves nothing behind.
@@ -32,6 +48,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::string group_n
   if (config_.log_level >= LogLevel::Trace)
     frame_trace_.reset(new FrameTrace{"pycomm: group '" + group_name_ + "' rank " + std::to_string(rank_) + ": "});
   connect(store, prefix);
+  if (config_.verify_every) verify_plan_ = make_plan(plan_input(hash_exchange(), 0));
   // Armed after set-up: faults target operations, not the calibration's frames.
   fault_ = FaultInjector::make(faults, rank_);
 }
@@ -60,7 +77,7 @@ Context Communicator::context() const {
   return cx;
 }
 
-Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
+PlanInput Communicator::plan_input(const Request& rq, size_t device_team_bytes) const {
   PlanInput in;
   in.collective = rq.collective;
   in.dtype = rq.dtype;
@@ -74,6 +91,11 @@ Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
   in.device_memory = rq.device >= 0;
   in.device_team_bytes = device_team_bytes;
   in.from_any_source = rq.collective == Collective::Recv && rq.root == kAnySource;
+  return in;
+}
+
+Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
+  const PlanInput in = plan_input(rq, device_team_bytes);
   // The rest of the input (topology, chunk, costs) is fixed for the group's life.
   const auto same = [&](const PlanInput& a) {
     const CallOptions &o = a.options, &p = in.options;
@@ -166,6 +188,69 @@ uint64_t operation_bytes(const Request& rq, int size) {
     case Collective::Barrier: return 0;
     default: return rq.count * es;
   }
+}
+
+// The bytes of this rank's output of `rq`, from rq.output.
+uint64_t output_bytes(const Request& rq, int rank, int size) {
+  const uint64_t es = element_size(rq.dtype);
+  switch (rq.collective) {
+    case Collective::AllGather: return rq.count * es * static_cast<uint64_t>(size);
+    case Collective::Gather: return rank == rq.root ? rq.count * es * static_cast<uint64_t>(size) : 0;
+    case Collective::AllToAll: {
+      uint64_t n = 0;
+      for (size_t c : rq.recv_counts) n += c;
+      return n * es;
+    }
+    case Collective::Send:
+    case Collective::Barrier: return 0;
+    default: return rq.count * es;
+  }
+}
+
+// The collectives whose results are the same bits on every rank (all-reduce in every
+// determinism mode: D0), which PYCOMM_VERIFY compares.
+bool identical_on_every_rank(Collective c) {
+  return c == Collective::AllReduce || c == Collective::AllGather || c == Collective::Broadcast;
+}
+
+// PYCOMM_FAULT's flip: the lowest bit of the first byte of this rank's output, if any.
+void flip_output(const Context& cx, const Request& rq) {
+  if (!output_bytes(rq, cx.rank, cx.size)) return;
+  unsigned char first = 0;
+  cx.ops->copy(&first, rq.output, 1);
+  first ^= 1;
+  cx.ops->copy(rq.output, &first, 1);
+}
+
+// Empty when every rank's result hash is the same; else which ranks differ: those outside
+// the largest set of ranks with one hash where that set is larger than any other, else
+// every set.
+std::string disagreement(const std::vector<int64_t>& hashes) {
+  std::map<int64_t, std::vector<int>> ranks_of;
+  for (size_t r = 0; r < hashes.size(); ++r) ranks_of[hashes[r]].push_back(static_cast<int>(r));
+  if (ranks_of.size() == 1) return "";
+  std::vector<std::vector<int>> sets;
+  for (auto& entry : ranks_of) sets.push_back(std::move(entry.second));
+  std::sort(sets.begin(), sets.end(), [](const std::vector<int>& a, const std::vector<int>& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a < b;
+  });
+  const auto ranks = [](const std::vector<int>& set) {
+    std::string s = set.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < set.size(); ++i) s += (i ? "," : "") + std::to_string(set[i]);
+    return s;
+  };
+  const std::string what = "results differ between ranks (PYCOMM_VERIFY)";
+  if (sets[0].size() > sets[1].size()) {
+    std::vector<int> others;
+    for (size_t i = 1; i < sets.size(); ++i) others.insert(others.end(), sets[i].begin(), sets[i].end());
+    std::sort(others.begin(), others.end());
+    return what + ": the result" + (others.size() == 1 ? " of " : "s of ") + ranks(others) +
+           (others.size() == 1 ? " differs" : " differ") + " from the majority's (" + ranks(sets[0]) + ")";
+  }
+  std::string out = what + ", with no majority: " + ranks(sets[0]) + (sets[0].size() == 1 ? " holds" : " hold") +
+                    " one result";
+  for (size_t i = 1; i < sets.size(); ++i) out += ", " + ranks(sets[i]) + " another";
+  return out;
 }
 
 }  // namespace
@@ -287,6 +372,9 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
                                              : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
   cx.stamp = stamp_for(rq, plan);
   if (poisoned()) fail_poisoned(describe(cx.stamp));
+  // Every rank counts the same calls in the same order, so all verify the same ones.
+  const bool verifying = config_.verify_every && identical_on_every_rank(rq.collective) &&
+                         ++identical_results_ % config_.verify_every == 0;
   const uint64_t bytes = operation_bytes(rq, size_);
   const auto started = Clock::now();
   const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device, started);
@@ -296,15 +384,23 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
   try {
     if (fault_) fault_->at(FaultPoint::Before, cx.stamp, cx.abort);
     plan.run(cx, rq);
-    // Inside the try: a fault raised here fails this operation like any other failure.
-    if (fault_) fault_->at(FaultPoint::After, cx.stamp, cx.abort);
+    // Inside the try: a fault raised here fails this operation like any other failure; a
+    // flip comes before the verification, which must find it.
+    if (fault_) fault_->at(FaultPoint::After, cx.stamp, cx.abort, [&] { flip_output(cx, rq); });
+    if (verifying) verify(cx, rq);
   } catch (const Error& e) {
     std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ + "' failed on rank " +
                        std::to_string(rank_) + ": " + e.what();
     if (e.kind() == ErrorKind::Timeout)
       what += " within its timeout of " + std::to_string((rq.timeout.count() > 0 ? rq.timeout : timeout_).count()) + " ms";
     recorder_.end(record, what);
-    if (abort(what) && config_.flight_recorder_entries) {
+    // Results that differ poison the group as any failure does: some rank's are wrong, and
+    // so would be all that is computed from them (the job must go back to a checkpoint, or
+    // rebuild its group). Every rank finds them alike, from the same hashes, so the
+    // transports are not aborted: a peer still taking the exchange's last frames reaches
+    // its own verdict rather than "rank r aborted".
+    const bool first = e.kind() == ErrorKind::Corruption ? poison(what) : abort(what);
+    if (first && config_.flight_recorder_entries) {
       // The failure that poisoned the group: its story is in the flight recorder.
       try {
         what += " (flight recorder: " + dump_flight_recorder(what) + ")";
@@ -325,22 +421,43 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
            << ", ";
     line << bytes << " B, algorithm " << name_of(plan.variant) << ", compression "
          << name_of(rq.options.compression) << ", determinism " << name_of(rq.options.determinism) << ", "
-         << std::fixed << std::setprecision(1) << us << " us";
+         << (verifying ? "verified, " : "") << std::fixed << std::setprecision(1) << us << " us";
     log_line(line.str());
   }
   return plan;
 }
 
+void Communicator::verify(const Context& cx, const Request& rq) {
+  const auto mine = static_cast<int64_t>(cx.ops->hash(rq.output, output_bytes(rq, rank_, size_)));
+  std::vector<int64_t> hashes(size_);
+  Request exchange = hash_exchange();
+  exchange.input = &mine;
+  exchange.output = hashes.data();
+  Context x = context();  // host memory, whatever memory rq's are in
+  x.stamp.seq = cx.stamp.seq;
+  x.stamp.collective = cx.stamp.collective;
+  x.stamp.verification = 1;
+  x.stamp.count = exchange.count;
+  x.stamp.dtype = static_cast<uint8_t>(exchange.dtype);
+  x.stamp.variant = static_cast<uint8_t>(verify_plan_.variant);
+  x.deadline = cx.deadline;
+  x.fault = nullptr;  // faults target operations, not their verification
+  verify_plan_.run(x, exchange);
+  const std::string differ = disagreement(hashes);
+  recorder_.verified(differ.empty());
+  if (!differ.empty()) fail(ErrorKind::Corruption, differ);
+}
+
+bool Communicator::poison(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(poison_mutex_);
+  if (!poison_.empty()) return false;
+  poison_ = reason;
+  poisoned_.store(true, std::memory_order_release);
+  return true;
+}
+
 bool Communicator::abort(const std::string& reason) {
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> lock(poison_mutex_);
-    if (poison_.empty()) {
-      poison_ = reason;
-      poisoned_.store(true, std::memory_order_release);
-      first = true;
-    }
-  }
+  const bool first = poison(reason);
   abort_transports(reason);
   doorbell_.ring();
   return first;

@@ -59,7 +59,8 @@ class Communicator final : private SenderMatch {
   // `rq` when it was issued, which host memory's requests run as is (only a device's
   // team, set up by its first collective, can change a plan in between); null: planned
   // here. A failure poisons the communicator: the peers are told (abort) and every later
-  // call fails at once with the original cause.
+  // call fails at once with the original cause. With PYCOMM_VERIFY, every N-th
+  // all-reduce, all-gather and broadcast is verified once it completed (verify()).
   Plan execute(const Request& rq, const Plan* planned = nullptr);
 
   // Fails every current and future wait with `reason`; safe from any thread. Returns
@@ -110,10 +111,20 @@ class Communicator final : private SenderMatch {
                                                 std::vector<int>& shm_peers, std::vector<int>& tcp_peers);
   Context context() const;  // for host memory
   OpStamp stamp_for(const Request& rq, const Plan& plan);
+  PlanInput plan_input(const Request& rq, size_t device_team_bytes) const;  // what plan() plans from
+  // PYCOMM_VERIFY: hashes this rank's output of `rq`, which `cx` ran to completion, and
+  // all-gathers every rank's hash (verify_plan_, over the host channels, within cx's
+  // deadline, stamped as the verification of cx's operation, which keeps its sequence
+  // number); a Corruption error names the ranks whose results differ from the majority's.
+  // Every rank compares the same hashes, so every rank fails alike, or none.
+  void verify(const Context& cx, const Request& rq);
   // Once the group has failed (poisoned(): a load, so that a call in good health builds
   // no description), fail_poisoned fails with PeerFailure, naming `operation`.
   bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
   void fail_poisoned(const std::string& operation);
+  // Fails every later call with `reason`, as abort() does, but not the transports' waits;
+  // returns true for the call that poisoned the group.
+  bool poison(const std::string& reason);
   // A recv from kAnySource: waits for the first peer that offers a message with the recv's
   // tag (Inbox::offers), returns it with `held` locking its receive side; Timeout at the
   // deadline, a peer's failure once every peer has failed or left.
@@ -174,6 +185,8 @@ class Communicator final : private SenderMatch {
   size_t shm_chunk_bytes_ = 0;  // of the shm transport's slots; 0: no shm transport in the group
   std::string shm_fallback_;    // what the group runs instead of the configured rings; empty: them
   uint64_t collective_seq_ = 0;
+  uint64_t identical_results_ = 0;  // all-reduces, all-gathers and broadcasts so far (PYCOMM_VERIFY)
+  Plan verify_plan_;                // of the hash exchange, where PYCOMM_VERIFY is on
   std::vector<uint64_t> sends_to_, recvs_from_;  // p2p frame stream counts per peer
   // Held by a recv while it takes frames from that peer: a recv named for the peer (its
   // lane) and a recv from any source (its own lane) may both want them. Guards the

@@ -118,6 +118,12 @@ double Recorder::end(uint64_t id, const std::string& error) {
   return us;
 }
 
+void Recorder::verified(bool agreed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++verified_;
+  mismatches_ += agreed ? 0 : 1;
+}
+
 std::string Recorder::stats_json(const Who& who, const Setup& setup) const {
   std::ostringstream os;
   const auto now = std::chrono::steady_clock::now();
@@ -144,7 +150,8 @@ std::string Recorder::stats_json(const Who& who, const Setup& setup) const {
     os << '"' << name_of(static_cast<Variant>(key.second)) << "\": {\"calls\": " << t.calls << ", \"failures\": " << t.failures
        << ", \"bytes\": " << t.bytes << ", \"time_s\": " << t.seconds << '}';
   }
-  os << (open_collective < 0 ? "" : "}") << "}, \"last\": ";
+  os << (open_collective < 0 ? "" : "}") << "}, \"verify\": {\"every\": " << verify_every_
+     << ", \"verified\": " << verified_ << ", \"mismatches\": " << mismatches_ << "}, \"last\": ";
   if (last_.id) record_json(os, last_, now);
   else os << "null";
   os << '}';

@@ -40,14 +40,17 @@ struct OpTotals {
 
 class Recorder {
  public:
-  // Keeps the last `capacity` operations (0: none; counters are always kept).
-  explicit Recorder(size_t capacity) : capacity_(capacity) {}
+  // Keeps the last `capacity` operations (0: none; counters are always kept). The group
+  // verifies every `verify_every`-th operation that must agree on every rank (0: none).
+  explicit Recorder(size_t capacity, uint64_t verify_every = 0) : capacity_(capacity), verify_every_(verify_every) {}
 
   // Begins an operation that started at `start` (now, on the steady clock).
   uint64_t begin(const OpStamp& stamp, uint64_t bytes, int device, std::chrono::steady_clock::time_point start);
   // Ends operation `id`: completed when `error` is empty, else failed. Returns how long it
   // ran, in microseconds.
   double end(uint64_t id, const std::string& error = {});
+  // An operation's results were compared across ranks: `agreed`, or found to differ.
+  void verified(bool agreed);
 
   // JSON texts (UTF-8 objects). `who` names the group and rank: {"group", "rank", "size"}.
   struct Who {
@@ -62,7 +65,8 @@ class Recorder {
   };
   // {"group", "rank", "size", "setup": {"transports", "chunk_bytes", "fallback": text or
   // null} (where setup.transports is not empty), "collectives": {collective: {algorithm:
-  // {calls, failures, bytes, time_s}}}, "last": the last operation ended, or null}.
+  // {calls, failures, bytes, time_s}}}, "verify": {every, verified, mismatches}, "last":
+  // the last operation ended, or null}.
   std::string stats_json(const Who& who, const Setup& setup) const;
   std::string stats_json(const Who& who) const { return stats_json(who, Setup()); }
   // {"format": "pycomm.flight_recorder/1", "group", "rank", "size", "pid", "host",
@@ -75,7 +79,9 @@ class Recorder {
 
  private:
   const size_t capacity_;
+  const uint64_t verify_every_;
   mutable std::mutex mutex_;
+  uint64_t verified_ = 0, mismatches_ = 0;
   uint64_t next_id_ = 0;
   // The last capacity_ operations begun, a ring: operation id at (id - 1) % capacity_.
   std::vector<OpRecord> recent_;

@@ -237,6 +237,8 @@ void Communicator::connect(Store& store, const std::string& prefix) {
        << costs_.inter.bytes_per_us / 1e3 << " GB/s (reference: intra " << reference_costs_.intra.latency_us
        << " us + " << reference_costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << reference_costs_.inter.latency_us
        << " us + " << reference_costs_.inter.bytes_per_us / 1e3 << " GB/s)";
+    if (config_.verify_every)
+      os << "; verifying 1 in " << config_.verify_every << " all-reduces, all-gathers and broadcasts (PYCOMM_VERIFY)";
     log_line(os.str());
   }
 }

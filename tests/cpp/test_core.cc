@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -221,6 +223,46 @@ static void test_mismatch_is_reported() {
   });
 }
 
+// PYCOMM_VERIFY: a bit flipped in one rank's all-reduce result (PYCOMM_FAULT's flip) is
+// found by every rank at that call, which names the rank and the call; the group stays
+// failed. The exchange of hashes keeps the sequence numbers: the flip targets #2.
+static void test_verification(TransportChoice transport) {
+  const auto configure = [&](Config& c) {
+    c.transport = transport;
+    c.verify_every = 1;
+    c.fault = "2:allreduce:2:after:flip";
+  };
+  with_world(4, configure, [&](int r, Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    Request rq;
+    rq.input = rq.output = buf.data();
+    rq.count = buf.size();
+    comm.validate(rq);
+    comm.execute(rq);
+    const auto failure = [&]() -> std::optional<Error> {
+      try {
+        comm.execute(rq);
+      } catch (const Error& e) {
+        return e;
+      }
+      return std::nullopt;
+    };
+    const std::optional<Error> flipped = failure();
+    CHECK(flipped && flipped->kind() == ErrorKind::Corruption &&
+              std::string(flipped->what()).find("allreduce #2 (") != std::string::npos &&
+              std::string(flipped->what()).find("the result of rank 2 differs from the majority's (ranks 0,1,3)") !=
+                  std::string::npos,
+          "rank %d: %s", r, flipped ? flipped->what() : "no error");
+    const std::string stats = comm.stats_json();
+    CHECK(stats.find("\"verify\": {\"every\": 1, \"verified\": 2, \"mismatches\": 1}") != std::string::npos, "rank %d: %s",
+          r, stats.c_str());
+    const std::optional<Error> later = failure();
+    CHECK(later && later->kind() == ErrorKind::PeerFailure &&
+              std::string(later->what()).find("failed earlier") != std::string::npos,
+          "rank %d: after the corruption: %s", r, later ? later->what() : "no error");
+  });
+}
+
 // Exact mode: the result depends on the multiset of terms only (not their order, not
 // extra zeros); non-finite terms give positive quiet NaN or the infinity, per element.
 static void test_exact_sums() {
@@ -303,6 +345,7 @@ int main() {
   for (auto t : {TransportChoice::Shm, TransportChoice::Tcp})
     for (int n = 1; n <= 4; ++n) test_collectives(n, t);
   test_mismatch_is_reported();
+  for (auto t : {TransportChoice::Shm, TransportChoice::Tcp}) test_verification(t);
   test_creation_store_requests();
   std::printf("test_core: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
   return failures ? 1 : 0;

@@ -24,9 +24,15 @@ static OpStamp stamp(Collective c, uint64_t seq, Variant v) {
 static bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 static void test_counters_and_last() {
-  Recorder r(8);
+  Recorder r(8, 3);
   const Recorder::Who who{"g", 1, 4};
-  CHECK(has(r.stats_json(who), "\"collectives\": {}, \"last\": null"), "empty: %s", r.stats_json(who).c_str());
+  CHECK(has(r.stats_json(who), "\"collectives\": {}, \"verify\": {\"every\": 3, \"verified\": 0, \"mismatches\": 0}, "
+                               "\"last\": null"),
+        "empty: %s", r.stats_json(who).c_str());
+  r.verified(true);
+  r.verified(false);
+  CHECK(has(r.stats_json(who), "\"verify\": {\"every\": 3, \"verified\": 2, \"mismatches\": 1}"), "verified: %s",
+        r.stats_json(who).c_str());
   r.end(r.begin(stamp(Collective::AllReduce, 1, Variant::Ring), 4000, -1, std::chrono::steady_clock::now()));
   r.end(r.begin(stamp(Collective::AllReduce, 2, Variant::Ring), 4000, -1, std::chrono::steady_clock::now()));
   r.end(r.begin(stamp(Collective::AllReduce, 3, Variant::Tree), 4000, -1, std::chrono::steady_clock::now()), "boom");

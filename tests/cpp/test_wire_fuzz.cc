@@ -111,6 +111,7 @@ const char* kind_name(ErrorKind k) {
     case ErrorKind::Timeout: return "Timeout";
     case ErrorKind::PeerFailure: return "PeerFailure";
     case ErrorKind::Mismatch: return "Mismatch";
+    case ErrorKind::Corruption: return "Corruption";
     case ErrorKind::Internal: return "Internal";
   }
   return "?";
@@ -912,7 +913,8 @@ struct Field {
 const Field kFields[] = {
     FIELD(magic), FIELD(kind), FIELD(reserved), FIELD(bytes), FIELD(reserved2), FIELD(op.seq),
     FIELD(op.count), FIELD(op.collective), FIELD(op.dtype), FIELD(op.reduce), FIELD(op.variant),
-    FIELD(op.root), FIELD(op.compression), FIELD(op.compression_block), FIELD(op.determinism), FIELD(op.reserved),
+    FIELD(op.root), FIELD(op.compression), FIELD(op.compression_block), FIELD(op.determinism),
+    FIELD(op.verification), FIELD(op.reserved),
 };
 #undef FIELD
 
