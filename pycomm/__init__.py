@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from . import _C, layered
 
-__all__ = ["ProcessGroupPycomm", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs",
+__all__ = ["ProcessGroupPycomm", "Options", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs",
            "ReduceOp", "stats", "flight_recorder", "dump_flight_recorder",
            "CODECS", "encode", "decode", "quantize", "compression_error", "exact_data_parallel"]
 
@@ -25,17 +25,32 @@ BACKEND_NAME = "pycomm"
 
 
 # A group built from a store, without init_process_group (as torch's ProcessGroupGloo):
-# ProcessGroupPycomm(store, rank, size, timeout=timedelta(minutes=30), group_name="pycomm"),
-# for libraries that make their own groups (torchft). Its collectives are torch's Backend
-# API: pg.allreduce([t]).wait().
+# ProcessGroupPycomm(store, rank, size, timeout=timedelta(minutes=30), group_name="pycomm",
+# options=Options()), for libraries that make their own groups (torchft). Its collectives
+# are torch's Backend API: pg.allreduce([t]).wait().
 ProcessGroupPycomm = _C.ProcessGroupPycomm
 
 
+class Options(dict):
+    """Knob settings of one group, over the environment's: ``Options(verify=3)`` is
+    ``PYCOMM_VERIFY=3`` for the group it is given to, as ``pg_options`` of
+    ``dist.init_process_group("pycomm", ...)`` and ``dist.new_group(...)``, or ``options``
+    of :class:`ProcessGroupPycomm`. Any knob of :func:`knobs`, named without ``PYCOMM_``
+    in lower case; True and False read as 1 and 0. A dict of knob names and values; an
+    unknown name or a bad value fails the group's creation (ValueError)."""
+
+    def __init__(self, **settings):
+        super().__init__({"PYCOMM_" + name.upper(): str(int(v)) if isinstance(v, bool) else str(v)
+                          for name, v in settings.items()})
+
+
 def _create_backend(dist_opts, backend_opts):
+    if backend_opts is not None and not isinstance(backend_opts, Options):
+        raise TypeError("pycomm: pg_options must be a pycomm.Options, got %s" % type(backend_opts).__name__)
     timeout = dist_opts.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     backend = ProcessGroupPycomm(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, seconds,
-                                 str(dist_opts.group_id))
+                                 str(dist_opts.group_id), backend_opts or {})
     devices = _devices_of_pycomm_group(sys._getframe(1))
     if devices:
         return _C.PycommProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, backend, devices)

@@ -14,11 +14,12 @@
 namespace pycomm {
 
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, const std::string& group_name)
+                                       std::chrono::milliseconds timeout, const std::string& group_name,
+                                       Config config)
     : Backend(rank, size), group_name_(group_name) {
   guard([&] {
     store_ = std::make_unique<TorchStore>(store);
-    comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, Config::from_env());
+    comm_ = std::make_unique<Communicator>(*store_, rank, size, group_name, timeout, std::move(config));
   });
   engine_ = std::make_unique<Engine>();
 }
@@ -99,7 +100,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupPycomm::shrink(const std::vector<i
                                              "] and rank " + std::to_string(getRank()) + " excludes [" + mine + "]");
   });
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_->torch_store());
-  return c10::make_intrusive<ProcessGroupPycomm>(store, rank, size, timeout, group_name_ + ":shrunk");
+  return c10::make_intrusive<ProcessGroupPycomm>(store, rank, size, timeout, group_name_ + ":shrunk", comm_->config());
 }
 
 // Runs what was submitted, then releases threads, sockets and shared memory now rather

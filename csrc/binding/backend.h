@@ -25,8 +25,9 @@ namespace pycomm {
 
 class ProcessGroupPycomm final : public c10d::Backend {
  public:
+  // `config`: the group's knobs (Config::from_env, with its own settings where it has any).
   ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout, const std::string& group_name);
+                     std::chrono::milliseconds timeout, const std::string& group_name, Config config);
   ~ProcessGroupPycomm() override;
 
   const std::string getBackendName() const override { return "pycomm"; }
@@ -38,7 +39,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // keys of its own. Only those ranks call it, each with the same ranks; it needs nothing
   // of this group but its store, so a group that a dead peer poisoned shrinks too.
   // SHRINK_ABORT first aborts what runs here. Leaves this group as it was (torch destroys
-  // it next, which releases what it holds of the excluded ranks).
+  // it next, which releases what it holds of the excluded ranks). The new group has this
+  // group's configuration.
   bool supportsShrinking() const override { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
                                            const c10::intrusive_ptr<Options>& opts_override) override;

@@ -75,16 +75,20 @@ PYBIND11_MODULE(_C, m) {
 
   // Public as pycomm.ProcessGroupPycomm, in the shape of torch's ProcessGroupGloo: a group of
   // `size` ranks meeting through `store` (keys of their own: several groups may share it),
-  // `timeout` a timedelta or seconds.
+  // `timeout` a timedelta or seconds, `options` knob settings of its own by knob name
+  // (pycomm.Options, a dict), over the environment's.
   py::class_<ProcessGroupPycomm, c10d::Backend, c10::intrusive_ptr<ProcessGroupPycomm>>(m, "ProcessGroupPycomm")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::duration<double> timeout, const std::string& group_name) {
+                       std::chrono::duration<double> timeout, const std::string& group_name,
+                       const std::map<std::string, std::string>& options) {
              TORCH_CHECK_VALUE(timeout.count() > 0, "pycomm: timeout must be positive, got ", timeout.count(), " s");
              return c10::make_intrusive<ProcessGroupPycomm>(
-                 store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), group_name);
+                 store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), group_name,
+                 pycomm::guard([&] { return pycomm::Config::from_env(options); }));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout") = std::chrono::duration<double>(1800),
-           py::arg("group_name") = "pycomm", py::call_guard<py::gil_scoped_release>())
+           py::arg("group_name") = "pycomm", py::arg("options") = std::map<std::string, std::string>{},
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("transports", &ProcessGroupPycomm::describe_transports)
       .def("_stats_json", &ProcessGroupPycomm::stats_json)
       .def("_flight_recorder_json", &ProcessGroupPycomm::flight_recorder_json)
