@@ -73,7 +73,8 @@ static void test_hash() {
     void reduce_terms(const ReduceSpec&, Stage, void*, const Term*, int, size_t) const override {}
   } copying;
   const size_t mib = size_t{1} << 20;
-  for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{255}, size_t{256}, size_t{4099}, mib, mib + 8, 3 * mib + 5}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{255}, size_t{256}, size_t{4099}, mib, mib + 8,
+                   3 * mib + 5}) {
     std::vector<unsigned char> b(n);
     for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(i * 131 + (i >> 8) * 7);
     const uint64_t h = cpu_ops().hash(b.data(), n);
@@ -254,8 +255,8 @@ static void test_verification(TransportChoice transport) {
                   std::string::npos,
           "rank %d: %s", r, flipped ? flipped->what() : "no error");
     const std::string stats = comm.stats_json();
-    CHECK(stats.find("\"verify\": {\"every\": 1, \"verified\": 2, \"mismatches\": 1}") != std::string::npos, "rank %d: %s",
-          r, stats.c_str());
+    CHECK(stats.find("\"verify\": {\"every\": 1, \"verified\": 2, \"mismatches\": 1}") != std::string::npos,
+          "rank %d: %s", r, stats.c_str());
     const std::optional<Error> later = failure();
     CHECK(later && later->kind() == ErrorKind::PeerFailure &&
               std::string(later->what()).find("failed earlier") != std::string::npos,
