@@ -27,6 +27,9 @@ ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space)
 # bench-determinism: the cost of each determinism mode against the default, in blocking
 # mode (each call's latency), the three modes interleaved per repeat.
 DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends default=pycomm,det1=pycomm:deterministic=1,exact=pycomm:deterministic=exact
+# bench-verify: the cost of the verify mode (PYCOMM_VERIFY, as the group's pycomm.Options)
+# checking every call and every 100th against none, in blocking mode, interleaved per repeat.
+VERIFY_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends off=pycomm,n1=pycomm:verify=1,n100=pycomm:verify=100
 # bench-layered: pycomm's layered path (its direct algorithm over a gloo group, gloo moving
 # the bytes) against gloo's own all-reduce, uncompressed, exact and fp8, in blocking mode.
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
@@ -36,7 +39,7 @@ LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,lay
 PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo,copy
 PYTEST_ARGS ?=
 
-.PHONY: FORCE all build test test-quick test-durations layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: FORCE all build test test-quick test-durations layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-verify bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -295,6 +298,13 @@ bench-determinism: build
 	@mkdir -p $(RESULTS); for np in 2 4; do \
 	  out=$(RESULTS)/cpu-allreduce-determinism-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(DETERMINISM_BENCH_ARGS) --json $$out.json) || exit 1; \
+	done
+
+# pycomm's verify mode against none, 2 and 4 ranks: $(RESULTS)/cpu-allreduce-verify-np<N>.{txt,json}.
+bench-verify: build
+	@mkdir -p $(RESULTS); for np in 2 4; do \
+	  out=$(RESULTS)/cpu-allreduce-verify-np$$np; rm -f $$out.txt; \
+	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(VERIFY_BENCH_ARGS) --json $$out.json) || exit 1; \
 	done
 
 # pycomm's layered path over gloo against gloo's all-reduce, 2 and 4 ranks:

@@ -157,6 +157,8 @@ def test_torchrun_launcher_and_compression_error(tmp_path):
     (["--backends", "l=pycomm-over:compression=fp16"], "e.g. pycomm-over:gloo"),
     (["--backends", "pycomm-over:mpi"], "cannot run over 'mpi'"),
     (["--backends", "pycomm-over:gloo:chunk=1"], "takes no option 'chunk=1'"),
+    (["--backends", "pycomm-over:gloo:verify=1"], "takes no option 'verify=1'"),
+    (["--backends", "pycomm:verify=-1"], "verify='-1': expected a non-negative integer"),
     (["--backends", "pycomm-over:gloo:compression=fp7"], "expected one of none, fp16"),
     (["--backends", "gloo,l=pycomm-over:gloo,l=pycomm-over:gloo:deterministic=1"],
      "l repeated"),
@@ -217,6 +219,17 @@ def test_layered_specs_parse():
     # Always the direct API, options or not; never one side of a dispatch pair.
     assert [through_direct(s) for s in specs] == [False, True, True, True, True]
     assert dispatch_pairs(parse_backends("pycomm,l=pycomm-over:gloo:compression=none")) == []
+
+
+def test_group_options_leave_the_calls_to_torch_distributed():
+    from pycomm.bench.backends import call_options, dispatch_pairs, parse_backends, through_direct, unsupported
+
+    specs = parse_backends("pycomm,n1=pycomm:verify=1,d1=pycomm:verify=1:deterministic=1,direct=pycomm:algorithm=auto")
+    assert [s.options for s in specs[1:3]] == [(("verify", "1"),), (("verify", "1"), ("deterministic", "1"))]
+    assert [call_options(s) for s in specs] == [{}, {}, {"deterministic": "1"}, {"algorithm": "auto"}]
+    assert [through_direct(s) for s in specs] == [False, False, True, True]
+    assert unsupported(specs[1], "broadcast", True, "float32") is None
+    assert dispatch_pairs(specs) == [("pycomm", "direct")]
 
 
 def test_layered_rows_against_gloo_and_native(tmp_path):

@@ -9,13 +9,16 @@ A spec is ``[label=]kind[:mover][:key=value[:key=value...]]``, comma-separated i
     gloo,layered=pycomm-over:gloo       gloo's own all-reduce against pycomm's layered path
                                         over a gloo group
     gloo,fp8=pycomm-over:gloo:compression=fp8_e4m3,exact=pycomm-over:gloo:deterministic=exact
+    off=pycomm,n1=pycomm:verify=1       pycomm verifying every call (PYCOMM_VERIFY=1) against not
 
 Each spec becomes its own process group (``dist.new_group(backend=kind)``) in the same
 ranks, next to the gloo default group that the harness uses for its own barriers and
-timing reductions. Without options a backend is called through ``torch.distributed``
-(what users call); with options through the module's direct API (``pycomm.all_reduce(t,
-..., algorithm=...)``), which takes the same arguments plus the options and exists for
-all-reduce, reduce-scatter and all-gather only.
+timing reductions. Without per-call options a backend is called through
+``torch.distributed`` (what users call); with them through the module's direct API
+(``pycomm.all_reduce(t, ..., algorithm=...)``), which takes the same arguments plus the
+options and exists for all-reduce, reduce-scatter and all-gather only. Group options
+(pycomm: ``verify``) are settings of the group itself, given at its creation
+(``pg_options=pycomm.Options(verify=1)``), and leave the calls as they are.
 
 ``pycomm-over:MOVER`` is pycomm's layered path (pycomm/layered/): its group is a group
 of the mover's backend (``dist.new_group(backend="gloo")`` for ``pycomm-over:gloo``; the
@@ -70,6 +73,11 @@ PYCOMM_OPTIONS = {
 }
 
 
+# Options of the pycomm group itself (pycomm.Options, given as pg_options when it is made):
+# each takes a non-negative integer.
+PYCOMM_GROUP_OPTIONS = ("verify",)
+
+
 # Direct-API options that select what the torch.distributed path does by default (when
 # the PYCOMM_* environment is unset): a direct backend with only these measures dispatch.
 PYCOMM_NEUTRAL = {("algorithm", "auto"), ("compression", "none"), ("deterministic", "0")}
@@ -87,6 +95,7 @@ class BackendKind:
     dist_backend: Optional[str] = None  # dist.new_group(backend=...); None: not a torch backend
     module: Optional[str] = None  # imported in the rank before the group is created
     options: Tuple[str, ...] = () # per-call options, passed to module's direct API
+    group_options: Tuple[str, ...] = ()  # settings of its group, module.Options(...) at creation
     neutral: frozenset = frozenset()  # options that keep the default behaviour
     launcher: Optional[str] = None    # the launcher its ranks need (None: any)
     direct: Optional[Dict[str, str]] = None  # with options: torch.distributed name -> module's
@@ -104,7 +113,7 @@ class BackendKind:
 BACKENDS: Dict[str, BackendKind] = {k.name: k for k in (
     BackendKind("gloo", "cpu", "gloo"),
     BackendKind("pycomm", "cpu", "pycomm", module="pycomm", options=tuple(PYCOMM_OPTIONS),
-                neutral=frozenset(PYCOMM_NEUTRAL), direct=PYCOMM_DIRECT),
+                group_options=PYCOMM_GROUP_OPTIONS, neutral=frozenset(PYCOMM_NEUTRAL), direct=PYCOMM_DIRECT),
     # MPI_IN_PLACE leaves a reduce-scatter's result at the start of the buffer, not at the
     # rank's chunk where torch's in-place form expects it.
     BackendKind("mpi", "cpu", module="mpi4py", launcher="mpirun",
@@ -147,14 +156,17 @@ def parse_backends(text: str) -> List[BackendSpec]:
                 raise ValueError("backend %r cannot run over %r in %r (movers: %s)"
                                  % (kind, mover, item, ", ".join(movers)))
         options = []
+        takes = BACKENDS[kind].options + BACKENDS[kind].group_options
         for opt in opt_items:
             key, eq, value = opt.partition("=")
-            if not eq or key not in BACKENDS[kind].options:
+            if not eq or key not in takes:
                 raise ValueError("backend %r takes no option %r (options: %s)"
-                                 % (kind, opt, ", ".join(BACKENDS[kind].options) or "none"))
+                                 % (kind, opt, ", ".join(takes) or "none"))
             allowed = PYCOMM_OPTIONS.get(key) if BACKENDS[kind].module == "pycomm" else None
             if allowed and value not in allowed:
                 raise ValueError("%s=%r: expected one of %s" % (key, value, ", ".join(allowed)))
+            if key in BACKENDS[kind].group_options and not value.isdigit():
+                raise ValueError("%s=%r: expected a non-negative integer" % (key, value))
             options.append((key, value))
         specs.append(BackendSpec(label, kind, tuple(options), mover))
     if not specs:
@@ -167,10 +179,15 @@ def parse_backends(text: str) -> List[BackendSpec]:
     return specs
 
 
+def call_options(spec: BackendSpec) -> Dict[str, str]:
+    """``spec``'s per-call options (its others are its group's)."""
+    return {k: v for k, v in spec.options if k in BACKENDS[spec.kind].options}
+
+
 def through_direct(spec: BackendSpec) -> bool:
-    """Whether ``spec``'s calls go through its module's direct API (options given, or a
-    kind that always does: pycomm-over)."""
-    return bool(spec.options) or bool(BACKENDS[spec.kind].movers)
+    """Whether ``spec``'s calls go through its module's direct API (per-call options given,
+    or a kind that always does: pycomm-over)."""
+    return bool(call_options(spec)) or bool(BACKENDS[spec.kind].movers)
 
 
 def lossy_labels(specs: List[BackendSpec]) -> List[str]:
@@ -197,7 +214,7 @@ def unsupported(spec: BackendSpec, call: str, in_place: bool, dtype: str, op: Op
     if kind.movers and call not in kind.direct:
         return ("%s runs through pycomm's direct API, which has no %s (it has %s): drop that "
                 "collective" % (spec.describe(), call, ", ".join(kind.direct.values())))
-    if spec.options and call not in kind.direct:
+    if call_options(spec) and call not in kind.direct:
         return ("%s's options go through its direct API, which has no %s (it has %s): drop "
                 "the options or that collective" % (spec.describe(), call,
                                                     ", ".join(kind.direct.values())))
@@ -219,7 +236,7 @@ def dispatch_pairs(specs: List[BackendSpec]) -> List[Tuple[str, str]]:
     that is listed both ways, the direct one with neutral options only (e.g. ``pycomm`` and
     ``direct=pycomm:algorithm=auto``): their difference is torch.distributed's dispatch."""
     pairs = []
-    for plain in (s for s in specs if not through_direct(s) and BACKENDS[s.kind].options):
+    for plain in (s for s in specs if not s.options and not through_direct(s) and BACKENDS[s.kind].options):
         direct = next((s for s in specs if s.kind == plain.kind and s.options
                        and set(s.options) <= BACKENDS[s.kind].neutral), None)
         if direct is not None:
@@ -237,7 +254,7 @@ class Comm:
         self.api = api            # torch.distributed, or the backend module (options)
         self.device = device
         self.names = names        # torch.distributed name -> api's name
-        self.options = dict(spec.options)
+        self.options = call_options(spec)
 
     def call(self, name: str, *tensors, async_op: bool = True, **kwargs):
         """``api.<name>(*tensors, group=..., async_op=..., **kwargs, **options)``, ``name``
@@ -419,7 +436,9 @@ def open_comm(spec: BackendSpec, timeout, world: int, local_rank: int):
         raise RuntimeError("backend %r is not registered with torch.distributed%s"
                            % (group_kind.dist_backend, " (importing %r did not register it)"
                               % kind.module if kind.module and group_kind is kind else ""))
-    group = dist.new_group(backend=group_kind.dist_backend, timeout=timeout)
+    settings = {k: v for k, v in spec.options if k in kind.group_options}
+    group = dist.new_group(backend=group_kind.dist_backend, timeout=timeout,
+                           pg_options=module.Options(**settings) if settings else None)
     if through_direct(spec):
         return Comm(spec, group, module, device, kind.direct)
     return Comm(spec, group, dist, device, {})

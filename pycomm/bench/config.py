@@ -107,7 +107,8 @@ def canonical_op(name: str) -> str:
 class BackendSpec:
     """One backend under test: ``label`` names it in the output, ``kind`` picks the row of
     the backend table, ``options`` are per-call options (pycomm: algorithm, compression,
-    deterministic), ``mover`` the kind whose group moves the bytes (pycomm-over only)."""
+    deterministic) and options of its group (pycomm: verify), ``mover`` the kind whose group
+    moves the bytes (pycomm-over only)."""
     label: str
     kind: str
     options: Tuple[Tuple[str, str], ...] = ()
