@@ -28,8 +28,9 @@ ALGOS_BENCH_ARGS ?= --mode blocking -r 9 -b 8 -e 64M --backends $(subst $(space)
 # mode (each call's latency), the three modes interleaved per repeat.
 DETERMINISM_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends default=pycomm,det1=pycomm:deterministic=1,exact=pycomm:deterministic=exact
 # bench-verify: the cost of the verify mode (PYCOMM_VERIFY, as the group's pycomm.Options)
-# checking every call and every 100th against none, in blocking mode, interleaved per repeat.
-VERIFY_BENCH_ARGS ?= --mode blocking -r 9 --sizes 4K,1M,64M --backends off=pycomm,n1=pycomm:verify=1,n100=pycomm:verify=100
+# checking every call and every 100th against none, in blocking mode, interleaved per repeat;
+# off2, a second group like off, is the noise floor of the ratios.
+VERIFY_BENCH_ARGS ?= --mode blocking -r 31 --sizes 4K,1M,64M --backends off=pycomm,off2=pycomm,n1=pycomm:verify=1,n100=pycomm:verify=100
 # bench-layered: pycomm's layered path (its direct algorithm over a gloo group, gloo moving
 # the bytes) against gloo's own all-reduce, uncompressed, exact and fp8, in blocking mode.
 LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,layered=pycomm-over:gloo,exact=pycomm-over:gloo:deterministic=exact,fp8=pycomm-over:gloo:compression=fp8_e4m3
