@@ -10,6 +10,7 @@
 #include "binding/layered.h"
 #include "binding/tables.h"
 #include "binding/work.h"
+#include "device/cpu_codecs.h"
 #include "runtime/device_runtime.h"
 #include "runtime/layered_plan.h"
 #include "runtime/plan.h"
@@ -135,6 +136,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
         py::arg("dtype"), py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
+  // The CPU codecs' paths (device/cpu_codecs.h), for the tests and benchmarks that compare them.
+  m.def("cpu_codec_paths", &pycomm::cpu_codec_paths);
+  m.def("cpu_codec_path", [](const std::optional<std::string>& path) {
+    if (path) pycomm::guard([&] { pycomm::set_cpu_codec_path(*path); });
+    return pycomm::cpu_codec_path();
+  }, py::arg("path") = py::none(), "The path in use, after choosing `path` where given.");
   m.def("reduce", &pycomm::reduce_tensors, py::arg("terms"), py::arg("op"), py::arg("world_size") = 1,
         py::arg("exact") = false, py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   py::enum_<pycomm::Form>(m, "Form")

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "device/cpu_codecs.h"
 #include "device/device_ops.h"
 
 namespace pycomm {
@@ -190,69 +191,31 @@ void fold(const ReduceSpec& spec, void* out, const Term* terms, int k, size_t n,
 // terms are quantized on load; Encoded terms are decoded; the output is written in the
 // accumulation format, the storage format, or encoded (see Stage). Every operand of a
 // block is brought into fp32 in L1 and folded from there, so each one costs a few passes
-// over the block in L1 and one over its memory.
-constexpr size_t kMaxCodecBlock = 4096;
-
-// One block's conversions, which bound the compressed collectives on a CPU: compiled for
-// wider vectors too (as exact_sum), and every clone gives the same bits: the conversions
-// are integer code, each float operation is correctly rounded, and the scalings are exact
-// products by powers of two.
-template <class Code>
-struct BlockCodec {
-  using C = typename Code::Code;
-  static constexpr size_t stride(size_t block) { return sizeof(float) + block * sizeof(C); }
-  static float scale_of(const char* enc) {
-    float scale;
-    std::memcpy(&scale, enc, sizeof scale);
-    return scale;
-  }
-  static const C* codes_of(const char* enc) { return reinterpret_cast<const C*>(enc + sizeof(float)); }
-  PYCOMM_WIDE_VECTOR_CLONES
-  static void decode(const char* enc, float* __restrict v, size_t m) {
-    const float scale = scale_of(enc);
-    const C* __restrict codes = codes_of(enc);
-    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
-  }
-  // v encoded with the scale of its largest finite magnitude.
-  PYCOMM_WIDE_VECTOR_CLONES
-  static void encode(const float* __restrict v, char* enc, size_t m) {
-    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    std::memcpy(enc, &scale, sizeof scale);
-    C* __restrict codes = reinterpret_cast<C*>(enc + sizeof(float));
-    if (block_may_overflow<Code>(amax, scale))
-      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale));
-    else
-      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(Code::encode(v[i] * inv));
-  }
-  // v = decode(encode(v)) in place.
-  PYCOMM_WIDE_VECTOR_CLONES
-  static void quantize(float* __restrict v, size_t m) {
-    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    if (block_may_overflow<Code>(amax, scale))
-      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale)) * scale;
-    else
-      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
-  }
-
- private:
-  __attribute__((always_inline)) static float largest_finite(const float* __restrict v, size_t m) {
-    int32_t amax = 0;
-    for (size_t i = 0; i < m; ++i) amax = std::max(amax, finite_magnitude(v[i]));
-    return bit_cast_<float>(amax);
-  }
-};
-
+// over the block in L1 and one over its memory. The codecs' conversions are
+// cpu_codecs.h's, in the path in use.
 template <class T, ReduceKind K, class Code>
 void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
                         float premul) {
   using N = Numeric<T>;
-  using BC = BlockCodec<Code>;
-  const size_t block = spec.block, stride = BC::stride(block);
+  const CodecRuns<T>& runs = codec_runs<T>(spec.codec);
+  const CodecRuns<float>& values_runs = codec_runs<float>(spec.codec);
+  const size_t block = spec.block, stride = encoded_size<Code>(block, block);
   // Encoding one contribution quantizes it once, in the encoder: quantizing is idempotent.
   const bool quantize_inputs = !(k == 1 && stage == Stage::Encoded);
   // Exact mode: every term's values of a block first (quantized or decoded), then their
   // exact sum, in sub-blocks of kExactBlock.
   const bool exact = kSumLike<K> && spec.exact;
+  // One term whose values nothing but the codec changes (no premultiplication, no exact
+  // sum, no division of AVG) goes straight through: an input encoded, records decoded.
+  if (k == 1 && !exact) {
+    const Term& t = terms[0];
+    if (t.form == Form::Input && stage == Stage::Encoded && K != ReduceKind::PremulSum)
+      return runs.encode(static_cast<const T*>(t.data), static_cast<char*>(out), n, block);
+    if (t.form == Form::Encoded && stage == Stage::Final && K != ReduceKind::Avg)
+      return runs.decode(static_cast<const char*>(t.data), static_cast<T*>(out), n, block);
+    if (t.form == Form::Encoded && stage == Stage::Partial)
+      return values_runs.decode(static_cast<const char*>(t.data), static_cast<float*>(out), n, block);
+  }
   if (exact) check_exact_terms(k);
   std::vector<float> values(exact ? static_cast<size_t>(k) * block : 0);
   std::vector<const float*> rows(exact ? k : 0);
@@ -264,12 +227,16 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
     switch (t.form) {
       case Form::Input: {
         const T* x = static_cast<const T*>(t.data) + base;
-        for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
-        if (quantize_inputs) BC::quantize(dst, m);
+        if (quantize_inputs && K != ReduceKind::PremulSum) {
+          runs.quantize(x, dst, m, block);
+        } else {
+          for (size_t i = 0; i < m; ++i) dst[i] = contribution<K>(N::load(x[i]), premul);
+          if (quantize_inputs) values_runs.quantize(dst, dst, m, block);
+        }
         break;
       }
       case Form::Partial: std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float)); break;
-      case Form::Encoded: BC::decode(static_cast<const char*>(t.data) + b * stride, dst, m); break;
+      case Form::Encoded: values_runs.decode(static_cast<const char*>(t.data) + b * stride, dst, m, block); break;
     }
   };
   for (size_t b = 0, base = 0; base < n; ++b, base += block) {
@@ -298,7 +265,7 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         break;
       }
       case Stage::Encoded:
-      case Stage::FinalEncoded: BC::encode(acc, static_cast<char*>(out) + b * stride, m); break;
+      case Stage::FinalEncoded: values_runs.encode(acc, static_cast<char*>(out) + b * stride, m, block); break;
     }
   }
 }

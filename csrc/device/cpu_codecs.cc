@@ -1,0 +1,488 @@
+// -Wpsabi: see the vectorized paths below.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include "device/cpu_codecs.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "core/dispatch.h"
+#include "core/error.h"
+#include "core/numerics.h"
+
+// The vectorized paths need x86-64 and inlining (see below), which flatten does only when
+// optimizing.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__OPTIMIZE__)
+#define PYCOMM_X86_CODECS
+#include <immintrin.h>
+#endif
+
+namespace pycomm {
+
+namespace {
+
+// ---- The scalar path: the reference ----
+
+// One record's conversions, element by element with numerics.h's functions.
+template <class Code>
+struct BlockCodec {
+  using C = typename Code::Code;
+  static constexpr size_t stride(size_t block) { return sizeof(float) + block * sizeof(C); }
+  static float scale_of(const char* enc) {
+    float scale;
+    std::memcpy(&scale, enc, sizeof scale);
+    return scale;
+  }
+  static const C* codes_of(const char* enc) { return reinterpret_cast<const C*>(enc + sizeof(float)); }
+  static void decode(const char* enc, float* __restrict v, size_t m) {
+    const float scale = scale_of(enc);
+    const C* __restrict codes = codes_of(enc);
+    for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
+  }
+  // v encoded with the scale of its largest finite magnitude.
+  static void encode(const float* __restrict v, char* enc, size_t m) {
+    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    std::memcpy(enc, &scale, sizeof scale);
+    C* __restrict codes = reinterpret_cast<C*>(enc + sizeof(float));
+    if (block_may_overflow<Code>(amax, scale))
+      for (size_t i = 0; i < m; ++i)
+        codes[i] = static_cast<C>(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale));
+    else
+      for (size_t i = 0; i < m; ++i) codes[i] = static_cast<C>(Code::encode(v[i] * inv));
+  }
+  // v = decode(encode(v)) in place.
+  static void quantize(float* __restrict v, size_t m) {
+    const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    if (block_may_overflow<Code>(amax, scale))
+      for (size_t i = 0; i < m; ++i)
+        v[i] = Code::decode(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale)) * scale;
+    else
+      for (size_t i = 0; i < m; ++i) v[i] = Code::decode(Code::encode(v[i] * inv)) * scale;
+  }
+
+ private:
+  static float largest_finite(const float* __restrict v, size_t m) {
+    int32_t amax = 0;
+    for (size_t i = 0; i < m; ++i) amax = std::max(amax, finite_magnitude(v[i]));
+    return bit_cast_<float>(amax);
+  }
+};
+
+// CodecRuns' contract with BlockCodec, records brought to and from the storage type through
+// fp32 one element at a time (Numeric<T>).
+template <class Code, class T>
+struct ScalarRuns {
+  using N = Numeric<T>;
+  using BC = BlockCodec<Code>;
+  static void encode(const T* x, char* enc, size_t n, size_t block) {
+    float v[kMaxCodecBlock];
+    for (size_t base = 0; base < n; base += block, enc += BC::stride(block)) {
+      const size_t m = std::min(block, n - base);
+      for (size_t i = 0; i < m; ++i) v[i] = N::load(x[base + i]);
+      BC::encode(v, enc, m);
+    }
+  }
+  static void decode(const char* enc, T* x, size_t n, size_t block) {
+    float v[kMaxCodecBlock];
+    for (size_t base = 0; base < n; base += block, enc += BC::stride(block)) {
+      const size_t m = std::min(block, n - base);
+      BC::decode(enc, v, m);
+      for (size_t i = 0; i < m; ++i) x[base + i] = N::store(v[i]);
+    }
+  }
+  static void quantize(const T* x, float* v, size_t n, size_t block) {
+    for (size_t base = 0; base < n; base += block) {
+      const size_t m = std::min(block, n - base);
+      for (size_t i = 0; i < m; ++i) v[base + i] = N::load(x[base + i]);
+      BC::quantize(v + base, m);
+    }
+  }
+};
+
+enum class Path { Scalar, Avx2, Avx512 };
+constexpr Path kPaths[] = {Path::Scalar, Path::Avx2, Path::Avx512};
+constexpr const char* kPathNames[] = {"scalar", "avx2", "avx512"};
+
+#ifdef PYCOMM_X86_CODECS
+
+// ---- The vectorized paths (x86-64) ----
+//
+// Each kernel is written once, on the W lanes of GCC's vector types, with numerics.h's
+// formulas operator for operator or an instruction that computes the same function (F16C's
+// conversions). An entry point per instruction set, compiled for it, inlines everything it
+// calls (flatten), the kernel included: the kernels themselves carry no target, so that
+// one source serves every instruction set. Wide vectors pass between functions only inside
+// an entry point, where no call remains, so -Wpsabi's warning (code compiled with and
+// without AVX passes them differently) concerns none: it is off in this file (from its
+// first line, for numerics.h's bit_cast_ of vectors).
+// A block's scale and a record's tail (the elements after the last whole vector) take the
+// reference's scalar code, and so does a block near float32's maximum (block_may_overflow).
+
+#define PYCOMM_AVX2 __attribute__((target("avx2,f16c")))
+#define PYCOMM_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
+
+// W elements of type E in one vector.
+template <class E, int W>
+struct VectorOf {
+  typedef E type __attribute__((vector_size(W * sizeof(E))));
+};
+template <int W>
+struct Lanes {
+  static constexpr size_t kWidth = W;
+  using F = typename VectorOf<float, W>::type;
+  using I = typename VectorOf<int32_t, W>::type;
+  using U = typename VectorOf<uint32_t, W>::type;
+  using H = typename VectorOf<uint16_t, W>::type;
+  using S = typename VectorOf<int16_t, W>::type;
+  using B = typename VectorOf<uint8_t, W>::type;
+};
+
+// The operations that GCC's vector types do not spell well (or at all): F16C's conversions
+// (rounding to nearest even, not in the MXCSR's mode), lanes widened to the next width and
+// narrowed back (the values fit: no saturation), the largest lane.
+struct Avx2 : Lanes<8> {
+  PYCOMM_AVX2 static F from_half(H h) { return F(_mm256_cvtph_ps(__m128i(h))); }
+  PYCOMM_AVX2 static H to_half(F f) { return H(_mm256_cvtps_ph(__m256(f), _MM_FROUND_TO_NEAREST_INT)); }
+  PYCOMM_AVX2 static U widen(H h) { return U(_mm256_cvtepu16_epi32(__m128i(h))); }
+  PYCOMM_AVX2 static H widen(B b) { return H(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(bit_cast_<int64_t>(b)))); }
+  PYCOMM_AVX2 static H to_u16(U u) {
+    const __m256i pairs = _mm256_packus_epi32(__m256i(u), __m256i(u));  // 0-3 0-3 | 4-7 4-7
+    return H(_mm256_castsi256_si128(_mm256_permute4x64_epi64(pairs, 0x08)));
+  }
+  PYCOMM_AVX2 static B to_u8(U u) {
+    const __m256i words = _mm256_packus_epi32(__m256i(u), __m256i(u));
+    const __m256i bytes = _mm256_packus_epi16(words, words);  // 0-3 four times | 4-7 four times
+    const __m256i joined = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+    return bit_cast_<B>(_mm_cvtsi128_si64(_mm256_castsi256_si128(joined)));
+  }
+  PYCOMM_AVX2 static int32_t largest(I v) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(__m256i(v)), _mm256_extracti128_si256(__m256i(v), 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    return _mm_cvtsi128_si32(_mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1)));
+  }
+};
+// The zero-masked forms with every lane kept where the plain ones trip GCC 12's
+// -Wmaybe-uninitialized in its own header.
+struct Avx512 : Lanes<16> {
+  PYCOMM_AVX512 static F from_half(H h) { return F(_mm512_maskz_cvtph_ps(0xffff, __m256i(h))); }
+  PYCOMM_AVX512 static H to_half(F f) { return H(_mm512_maskz_cvtps_ph(0xffff, __m512(f), _MM_FROUND_TO_NEAREST_INT)); }
+  PYCOMM_AVX512 static U widen(H h) { return U(_mm512_maskz_cvtepu16_epi32(0xffff, __m256i(h))); }
+  PYCOMM_AVX512 static H widen(B b) { return H(_mm256_cvtepu8_epi16(__m128i(b))); }
+  PYCOMM_AVX512 static H to_u16(U u) { return H(_mm512_maskz_cvtepi32_epi16(0xffff, __m512i(u))); }
+  PYCOMM_AVX512 static B to_u8(U u) { return B(_mm512_maskz_cvtepi32_epi8(0xffff, __m512i(u))); }
+  PYCOMM_AVX512 static int32_t largest(I v) {
+    const __m256i low = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 0);
+    const __m256i high = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 1);
+    return Avx2::largest(Avx2::I(_mm256_max_epi32(low, high)));
+  }
+};
+
+template <class Vec, class E>
+Vec load(const E* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class E, class Vec>
+void store(E* p, const Vec& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+// Every lane e.
+template <class Vec, class E>
+Vec splat(E e) {
+  return Vec{} + static_cast<std::remove_reference_t<decltype(Vec{}[0])>>(e);
+}
+
+// W values of storage type T in fp32.
+template <class V>
+typename V::F load_values(const float* p) {
+  return load<typename V::F>(p);
+}
+template <class V>
+typename V::F load_values(const BFloat16* p) {
+  return bit_cast_<typename V::F>(V::widen(load<typename V::H>(p)) << 16);
+}
+// A NaN comes back quiet, where float_from_half_bits keeps a signalling one: no result
+// shows it, since these values are only encoded (or measured by their finite magnitude),
+// and every codec encodes every NaN as its one NaN code.
+template <class V>
+typename V::F load_values(const Half* p) {
+  return V::from_half(load<typename V::H>(p));
+}
+
+// The magnitudes' bits of W values of storage type T, as magnitude_bits; for bfloat16 in
+// 16-bit lanes (the top halves of float32's), half the work.
+template <class V, class T>
+typename V::I magnitudes(const T* p) {
+  return bit_cast_<typename V::I>(load_values<V>(p)) & 0x7fffffff;
+}
+template <class V>
+typename V::S magnitudes(const BFloat16* p) {
+  return load<typename V::S>(p) & 0x7fff;
+}
+// Those bits in 32-bit lanes.
+template <class V>
+typename V::I magnitudes32(typename V::I a) {
+  return a;
+}
+template <class V>
+typename V::I magnitudes32(typename V::S a) {
+  return bit_cast_<typename V::I>(V::widen(bit_cast_<typename V::H>(a)) << 16);
+}
+
+// bf16_bits_from_float.
+template <class V>
+typename V::U bf16_lanes(typename V::F f) {
+  using U = typename V::U;
+  const U x = bit_cast_<U>(f);
+  const U rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  return (x & 0x7fffffffu) > 0x7f800000u ? splat<U>(0x7fc0u) : rounded;
+}
+
+// W values rounded to storage type T, as Numeric<T>::store rounds.
+template <class V>
+void store_values(float* p, typename V::F v) {
+  store(p, v);
+}
+template <class V>
+void store_values(BFloat16* p, typename V::F v) {
+  store(p, V::to_u16(bf16_lanes<V>(v)));
+}
+// half_bits_from_float is F16C's rounding but for NaN, which it makes the quiet NaN of the
+// same sign without payload: F16C does so for that NaN.
+template <class V>
+void store_values(Half* p, typename V::F v) {
+  const typename V::U sign = bit_cast_<typename V::U>(v) & 0x80000000u;
+  store(p, V::to_half(v != v ? bit_cast_<typename V::F>(sign | 0x7fc00000u) : v));
+}
+
+// Each code format on lanes: encode(values, inverse scale) -> W codes, as
+// Code::encode(value * inverse scale); decode(W codes) -> their values, as Code::decode but
+// for a NaN's quiet bit, which the callers' product by the scale sets in both.
+template <class V>
+struct Fp16Lanes {
+  using F = typename V::F;
+  using H = typename V::H;
+  using Codes = H;
+  // F16C rounds as half_bits_from_float; NaN becomes the NaN code's own NaN first.
+  static H encode(F x, float inv) {
+    const F v = x * inv;
+    return V::to_half(v != v ? bit_cast_<F>(splat<typename V::U>(0x7fc00000u)) : v);
+  }
+  static F decode(H c) { return V::from_half(c); }
+};
+template <class V>
+struct Bf16Lanes {
+  using F = typename V::F;
+  using H = typename V::H;
+  using Codes = H;
+  static H encode(F x, float inv) { return V::to_u16(bf16_lanes<V>(x * inv)); }
+  static F decode(H c) { return bit_cast_<F>(V::widen(c) << 16); }
+};
+// fp8: encode is fp8_bits_from_finite with CodeFp8's NaN and Inf. decode goes through half
+// precision (F16C): a code's sign, exponent and mantissa moved to the top of a half's make
+// a half whose value is the code's times 2^(bias - 15), subnormals included (exponent
+// field 0 in both); NaN and Inf, set apart, take CodeFp8's values.
+template <class V, int E, int M, uint32_t kInf>
+struct Fp8Lanes {
+  using F = typename V::F;
+  using U = typename V::U;
+  using H = typename V::H;
+  using Codes = typename V::B;
+  static constexpr uint32_t kBias = (1u << (E - 1)) - 1;
+  static Codes encode(F x, float inv) {
+    constexpr uint32_t kMinNormal = (127 + 1 - kBias) << 23;
+    constexpr uint32_t kMagic = (127 + 1 - kBias + 23 - M) << 23;
+    const U v = bit_cast_<U>(x * inv), ax = v & 0x7fffffffu, sign = (v >> 24) & 0x80u;
+    const U sub = bit_cast_<U>(bit_cast_<F>(ax) + bit_cast_<float>(kMagic)) - kMagic;
+    const U rounded = ax + ((1u << (22 - M)) - 1) + ((ax >> (23 - M)) & 1u);
+    const U normal = (rounded >> (23 - M)) - ((127 - kBias) << M);
+    const U finite = sign | (ax < kMinNormal ? sub : normal);
+    return V::to_u8(ax > 0x7f800000u ? splat<U>(0x7fu) : ax == 0x7f800000u ? (sign | kInf) : finite);
+  }
+  static F decode(Codes c) {
+    const H w = V::widen(c), em = w & 0x7f, sign = (w & 0x80) << 8;
+    const H half = em > kInf ? splat<H>(0x7e00) : sign | (em == kInf ? splat<H>(0x7c00) : em << (10 - M));
+    return V::from_half(half) * bit_cast_<float>((127 + 15 - kBias) << 23);
+  }
+};
+template <class V> Fp16Lanes<V> lanes_of(const CodeFp16*);
+template <class V> Bf16Lanes<V> lanes_of(const CodeBf16*);
+template <class V, int E, int M, uint32_t kInf> Fp8Lanes<V, E, M, kInf> lanes_of(const CodeFp8<E, M, kInf>*);
+
+// CodecRuns' contract on V's lanes.
+template <class V, class Code, class T>
+struct VectorRuns {
+  using F = typename V::F;
+  using I = typename V::I;
+  using C = typename Code::Code;
+  using L = decltype(lanes_of<V>(static_cast<const Code*>(nullptr)));
+  using N = Numeric<T>;
+  static constexpr size_t W = V::kWidth;
+  static constexpr size_t stride(size_t block) { return BlockCodec<Code>::stride(block); }
+
+  static void encode(const T* x, char* enc, size_t n, size_t block) {
+    for (size_t base = 0; base < n; base += block, enc += stride(block))
+      encode_record(x + base, enc, std::min(block, n - base));
+  }
+  static void decode(const char* enc, T* x, size_t n, size_t block) {
+    for (size_t base = 0; base < n; base += block, enc += stride(block))
+      decode_record(enc, x + base, std::min(block, n - base));
+  }
+  static void quantize(const T* x, float* v, size_t n, size_t block) {
+    for (size_t base = 0; base < n; base += block) quantize_record(x + base, v + base, std::min(block, n - base));
+  }
+
+ private:
+  static void encode_record(const T* x, char* enc, size_t m) {
+    const float amax = largest_finite(x, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    if (may_overflow(amax, scale)) return ScalarRuns<Code, T>::encode(x, enc, m, m);
+    std::memcpy(enc, &scale, sizeof scale);
+    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+    size_t i = 0;
+    for (; i + W <= m; i += W) store(codes + i, L::encode(load_values<V>(x + i), inv));
+    for (; i < m; ++i) codes[i] = static_cast<C>(Code::encode(N::load(x[i]) * inv));
+  }
+  static void decode_record(const char* enc, T* x, size_t m) {
+    const float scale = BlockCodec<Code>::scale_of(enc);
+    const C* codes = BlockCodec<Code>::codes_of(enc);
+    size_t i = 0;
+    for (; i + W <= m; i += W) store_values<V>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
+    for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
+  }
+  static void quantize_record(const T* x, float* v, size_t m) {
+    const float amax = largest_finite(x, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
+    if (may_overflow(amax, scale)) return ScalarRuns<Code, T>::quantize(x, v, m, m);
+    size_t i = 0;
+    for (; i + W <= m; i += W) store(v + i, L::decode(L::encode(load_values<V>(x + i), inv)) * scale);
+    for (; i < m; ++i) v[i] = Code::decode(Code::encode(N::load(x[i]) * inv)) * scale;
+  }
+  // The largest finite magnitude of x's m values.
+  static float largest_finite(const T* x, size_t m) {
+    using M = decltype(magnitudes<V>(x));
+    constexpr int kInf = sizeof(M) == sizeof(I) ? 0x7f800000 : 0x7f80;  // in M's lanes
+    M lanes{};
+    size_t i = 0;
+    for (; i + W <= m; i += W) {
+      const M a = magnitudes<V>(x + i);
+      const M finite = a < kInf ? a : M{};
+      lanes = finite > lanes ? finite : lanes;
+    }
+    int32_t amax = V::largest(magnitudes32<V>(lanes));
+    for (; i < m; ++i) amax = std::max(amax, finite_magnitude(N::load(x[i])));
+    return bit_cast_<float>(amax);
+  }
+  // block_may_overflow, which is false below 2^127: a code exceeds the value it rounds by
+  // less than a quarter (every format has 2 mantissa bits or more), and float32's largest
+  // value is nearly 2^128.
+  static bool may_overflow(float amax, float scale) {
+    return amax >= 0x1p127f && block_may_overflow<Code>(amax, scale);
+  }
+};
+
+template <class Code, class T>
+struct Avx2Runs {
+  using R = VectorRuns<Avx2, Code, T>;
+  PYCOMM_AVX2 __attribute__((flatten)) static void encode(const T* x, char* enc, size_t n, size_t block) {
+    R::encode(x, enc, n, block);
+  }
+  PYCOMM_AVX2 __attribute__((flatten)) static void decode(const char* enc, T* x, size_t n, size_t block) {
+    R::decode(enc, x, n, block);
+  }
+  PYCOMM_AVX2 __attribute__((flatten)) static void quantize(const T* x, float* v, size_t n, size_t block) {
+    R::quantize(x, v, n, block);
+  }
+};
+template <class Code, class T>
+struct Avx512Runs {
+  using R = VectorRuns<Avx512, Code, T>;
+  PYCOMM_AVX512 __attribute__((flatten)) static void encode(const T* x, char* enc, size_t n, size_t block) {
+    R::encode(x, enc, n, block);
+  }
+  PYCOMM_AVX512 __attribute__((flatten)) static void decode(const char* enc, T* x, size_t n, size_t block) {
+    R::decode(enc, x, n, block);
+  }
+  PYCOMM_AVX512 __attribute__((flatten)) static void quantize(const T* x, float* v, size_t n, size_t block) {
+    R::quantize(x, v, n, block);
+  }
+};
+
+bool cpu_has(Path path) {
+  __builtin_cpu_init();  // for a call before the constructors have run
+  switch (path) {
+    case Path::Scalar: return true;
+    case Path::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Path::Avx512:
+      return cpu_has(Path::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+}
+
+template <class Code, class T>
+const CodecRuns<T>* vector_runs(Path path) {
+  static constexpr CodecRuns<T> avx2{Avx2Runs<Code, T>::encode, Avx2Runs<Code, T>::decode, Avx2Runs<Code, T>::quantize};
+  static constexpr CodecRuns<T> avx512{Avx512Runs<Code, T>::encode, Avx512Runs<Code, T>::decode,
+                                       Avx512Runs<Code, T>::quantize};
+  return path == Path::Avx512 ? &avx512 : path == Path::Avx2 ? &avx2 : nullptr;
+}
+
+#else
+
+bool cpu_has(Path path) { return path == Path::Scalar; }
+template <class Code, class T>
+const CodecRuns<T>* vector_runs(Path) {
+  return nullptr;
+}
+
+#endif
+
+std::atomic<Path>& path_in_use() {
+  static std::atomic<Path> path{cpu_has(Path::Avx512) ? Path::Avx512 : cpu_has(Path::Avx2) ? Path::Avx2 : Path::Scalar};
+  return path;
+}
+
+template <class Code, class T>
+const CodecRuns<T>& runs_of(Path path) {
+  static constexpr CodecRuns<T> scalar{ScalarRuns<Code, T>::encode, ScalarRuns<Code, T>::decode,
+                                       ScalarRuns<Code, T>::quantize};
+  const CodecRuns<T>* vector = vector_runs<Code, T>(path);
+  return vector ? *vector : scalar;
+}
+
+}  // namespace
+
+template <class T>
+const CodecRuns<T>& codec_runs(Compression codec) {
+  const Path path = path_in_use().load(std::memory_order_relaxed);
+  return dispatch_codec(codec, [path](auto code) -> const CodecRuns<T>& {
+    return runs_of<typename decltype(code)::type, T>(path);
+  });
+}
+template const CodecRuns<float>& codec_runs(Compression);
+template const CodecRuns<Half>& codec_runs(Compression);
+template const CodecRuns<BFloat16>& codec_runs(Compression);
+
+std::vector<std::string> cpu_codec_paths() {
+  std::vector<std::string> names;
+  for (Path p : kPaths)
+    if (cpu_has(p)) names.push_back(kPathNames[static_cast<int>(p)]);
+  return names;
+}
+
+std::string cpu_codec_path() { return kPathNames[static_cast<int>(path_in_use().load())]; }
+
+void set_cpu_codec_path(const std::string& name) {
+  for (Path p : kPaths) {
+    if (name != kPathNames[static_cast<int>(p)]) continue;
+    if (!cpu_has(p)) fail(ErrorKind::InvalidArgument, "pycomm: this CPU has no " + name + " codec path");
+    path_in_use().store(p);
+    return;
+  }
+  fail(ErrorKind::InvalidArgument, "pycomm: no CPU codec path is named " + name);
+}
+
+}  // namespace pycomm
