@@ -21,6 +21,11 @@ built from torch's own casts:
   encoded buffers are rejected with ValueError; PYCOMM_COMPRESSION_BLOCK is the default.
 * Relative RMS error of one quantization of Gaussian data within the contract's bounds.
 
+The CPU codecs run vectorized (AVX2 with F16C, AVX-512) where the CPU has them, the scalar
+path being their specification: every path this CPU runs must write the scalar path's bits
+(encode, decode to every dtype, the folds that quantize, decode and encode) for both signs of
+every float32 exponent at every rounding position, every 16-bit input and every code.
+
 Near float32's maximum the nearest code can decode beyond it; the codec saturates such
 codes one step down, so finite values never come back infinite (bf16 included, where
 torch's own cast would give Inf).
@@ -32,6 +37,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from _harness import is_gloo
 
@@ -626,3 +632,136 @@ def test_scale_is_minimal_for_the_unquantized_block_max(codec):
     x = torch.cat([torch.tensor([peak]), torch.randn(15, generator=_gen("win", codec)) * 3]).float()
     assert _rounds_to_half_target(x, codec, 16) == [0]
     check_encoding(x, codec, 16, "block max %r rounds down to target/2" % peak)
+
+
+# ---- 9. every CPU path writes the scalar path's bits ----
+#
+# The CPU codecs run vectorized (AVX2 with F16C, AVX-512) where the CPU has them; the scalar
+# path is their specification. pycomm._C.cpu_codec_path chooses the path, for these tests.
+
+PATHS = pycomm._C.cpu_codec_paths()  # the scalar path first, then those this CPU has
+IDS = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _on_path(path, fn):
+    previous = pycomm._C.cpu_codec_path()
+    pycomm._C.cpu_codec_path(path)
+    try:
+        return fn()
+    finally:
+        pycomm._C.cpu_codec_path(previous)
+
+
+def _float32_sweep():
+    """float32 bit patterns: both signs of every exponent (NaNs, infinities, zeros and
+    subnormals among them), with mantissas at every rounding position a block's scale can
+    bring to a code's last place (1 to 23 bits dropped): the ties below an even and an odd
+    kept bit, and their neighbours; then random ones."""
+    mantissas = {0, 1, 2, 0x400000, 0x7FFFFE, 0x7FFFFF}
+    for dropped in range(1, 24):
+        for kept in (0, 1 << dropped):
+            for delta in (-1, 0, 1):
+                mantissas.add(((1 << (dropped - 1)) + kept + delta) & 0x7FFFFF)
+    bits = [(sign << 31) | (e << 23) | m for sign in (0, 1) for e in range(256) for m in sorted(mantissas)]
+    rand = torch.randint(-2**31, 2**31, (1 << 14,), generator=_gen("sweep"), dtype=torch.int64)
+    return torch.cat([torch.tensor(bits, dtype=torch.int64), rand]).to(torch.int32).view(torch.float32)
+
+
+def _every_16_bit(dtype):
+    return torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def _layouts(x, codec, block):
+    """x in blocks of neighbouring magnitudes, shuffled (small values beside large ones: the
+    codes' subnormals and zeros), and after an anchor in every block that sets the scale to 1
+    (each value below it converted unscaled). Their lengths leave a short last block that is
+    not a whole number of vectors."""
+    n = x.numel() // 16 * 16 - 9
+    shuffled = x[torch.randperm(x.numel(), generator=_gen("shuffle", codec, block))]
+    anchor = torch.full((1,), FMT[codec].target or 1.0).to(x.dtype)
+    body = x[: x.numel() // (block - 1) * (block - 1)].reshape(-1, block - 1)
+    anchored = torch.cat([anchor.expand(body.shape[0], 1), body], dim=1).reshape(-1)
+    return {"sorted": x[:n], "shuffled": shuffled[:n], "anchored": anchored[: anchored.numel() - 9]}
+
+
+def _same_bits(a, b):
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+def _coded_outputs(x, codec, block):
+    """What each entry of the codec writes for x: its encoding, that encoding decoded to
+    every dtype, and folds that quantize inputs, decode and encode inside a reduction."""
+    n = x.numel()
+    enc = pycomm.encode(x, codec, block)
+    out = {"encode": enc}
+    for dtype in DTYPES:
+        out["decode to " + IDS[dtype]] = pycomm.decode(enc, codec, n, dtype, block)
+    partial = torch.linspace(-3, 3, n)
+    terms, forms = [x, enc, partial], [pycomm._C.Form.Input, pycomm._C.Form.Encoded, pycomm._C.Form.Partial]
+    for op, exact in [("SUM", False), ("AVG", True), ("PREMUL_SUM", False)]:
+        reduce_op = dist._make_nccl_premul_sum(1 / 3) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+        for stage in ["Partial", "Final", "Encoded", "FinalEncoded"]:
+            if stage in ("Encoded", "FinalEncoded"):
+                o = torch.zeros(pycomm._C.encoded_size(codec, block, n), dtype=torch.uint8)
+            else:
+                o = torch.zeros(n, dtype=torch.float32 if stage == "Partial" else x.dtype)
+            for k in (1, 3):
+                pycomm._C.fold(o, terms[:k], forms[:k], x.dtype, n, reduce_op, 3, exact, codec, block,
+                               getattr(pycomm._C.Stage, stage))
+                out["fold of %d (%s%s) to %s" % (k, op, ", exact" if exact else "", stage)] = o.clone()
+    return out
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
+@all_codecs
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS.get)
+def test_vectorized_paths_write_the_scalar_bits(codec, dtype):
+    x = _float32_sweep() if dtype == torch.float32 else _every_16_bit(dtype)
+    for block in BLOCKS:
+        for layout, values in _layouts(x, codec, block).items():
+            expected = _on_path("scalar", lambda: _coded_outputs(values, codec, block))
+            for path in PATHS[1:]:
+                got = _on_path(path, lambda: _coded_outputs(values, codec, block))
+                for what, e in expected.items():
+                    assert _same_bits(got[what], e), (
+                        "%s %s block=%d, %s: the %s path's %s differs from the scalar path's"
+                        % (codec, IDS[dtype], block, layout, path, what))
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
+@all_codecs
+def test_vectorized_paths_decode_every_code_as_the_scalar_path(codec):
+    # Every code (NaN and Inf codes too) in records of the scales the encoder writes (every
+    # one for fp8, for 16-bit codes every 7th and those at either end), and records cut short.
+    block = 256
+    if FMT[codec].code_bytes == 1:
+        codes, exponents = torch.arange(256, dtype=torch.int32).to(torch.uint8), range(-126, 127)
+    else:
+        codes = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+        exponents = sorted(set(range(-126, 127, 7)) | {-125, -24, -14, 0, 110, 112, 125, 126})
+    scales = torch.tensor([2.0 ** e for e in exponents], dtype=torch.float32).view(torch.uint8).reshape(-1, 1, 4)
+    code_bytes = codes.view(torch.uint8).reshape(1, -1, block * FMT[codec].code_bytes)
+    records = torch.cat([scales.expand(-1, code_bytes.shape[1], -1), code_bytes.expand(scales.shape[0], -1, -1)], 2)
+    enc = records.reshape(-1)
+    n = records.shape[0] * records.shape[1] * block
+    for dtype in DTYPES:
+        expected = _on_path("scalar", lambda: pycomm.decode(enc, codec, n, dtype, block))
+        for path in PATHS[1:]:
+            got = _on_path(path, lambda: pycomm.decode(enc, codec, n, dtype, block))
+            assert _same_bits(got, expected), "%s to %s: the %s path decodes differently" % (codec, IDS[dtype], path)
+    short = n - 7 - block  # a record of 249 codes, after whole ones
+    expected = _on_path("scalar", lambda: pycomm.decode(enc[: pycomm._C.encoded_size(codec, block, short)],
+                                                         codec, short, torch.float32, block))
+    for path in PATHS[1:]:
+        got = _on_path(path, lambda: pycomm.decode(enc[: pycomm._C.encoded_size(codec, block, short)],
+                                                   codec, short, torch.float32, block))
+        assert _same_bits(got, expected), "%s: the %s path decodes a short record differently" % (codec, path)
+
+
+def test_codec_paths_are_chosen_by_name():
+    assert PATHS[0] == "scalar" and set(PATHS) <= {"scalar", "avx2", "avx512"}
+    assert pycomm._C.cpu_codec_path() == PATHS[-1], "the best path the CPU has is the one in use"
+    for bad in ["", "sse", "AVX2"]:
+        with pytest.raises(ValueError):
+            pycomm._C.cpu_codec_path(bad)
+    assert pycomm._C.cpu_codec_path() == PATHS[-1]
