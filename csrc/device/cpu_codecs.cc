@@ -110,19 +110,20 @@ constexpr const char* kPathNames[] = {"scalar", "avx2", "avx512"};
 
 // ---- The vectorized paths (x86-64) ----
 //
-// Each kernel is written once, on the W lanes of GCC's vector types, with numerics.h's
-// formulas operator for operator or an instruction that computes the same function (F16C's
-// conversions). An entry point per instruction set, compiled for it, inlines everything it
-// calls (flatten), the kernel included: the kernels themselves carry no target, so that
-// one source serves every instruction set. Wide vectors pass between functions only inside
-// an entry point, where no call remains, so -Wpsabi's warning (code compiled with and
-// without AVX passes them differently) concerns none: it is off in this file (from its
-// first line, for numerics.h's bit_cast_ of vectors).
-// A block's scale and a record's tail (the elements after the last whole vector) take the
-// reference's scalar code, and so does a block near float32's maximum (block_may_overflow).
+// Each kernel is written once, on the W lanes of GCC's vector types: numerics.h's formulas
+// on lanes, or where it is cheaper another computation of the same function, stated where
+// it is (F16C for fp16, and for fp8's decode). An entry point per instruction set,
+// compiled for it, inlines everything it calls (flatten), the kernel included: the kernels
+// themselves carry no target, so that one source serves every instruction set. Wide
+// vectors pass between functions only inside an entry point, where no call remains, so
+// -Wpsabi's warning (code compiled with and without AVX passes them differently) concerns
+// none: it is off in this file (from its first line, for numerics.h's bit_cast_ of vectors).
+// A record's scale and its tail (the elements after the last whole vector) take the
+// reference's scalar code, and so does a record near float32's maximum (block_may_overflow).
+// A record without NaN or infinity in its whole vectors skips their selects.
 
 #define PYCOMM_AVX2 __attribute__((target("avx2,f16c")))
-#define PYCOMM_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
+#define PYCOMM_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl")))
 
 // W elements of type E in one vector.
 template <class E, int W>
@@ -158,8 +159,9 @@ struct Avx2 : Lanes<8> {
     const __m256i joined = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
     return bit_cast_<B>(_mm_cvtsi128_si64(_mm256_castsi256_si128(joined)));
   }
-  PYCOMM_AVX2 static int32_t largest(I v) {
-    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(__m256i(v)), _mm256_extracti128_si256(__m256i(v), 1));
+  PYCOMM_AVX2 static int32_t largest(I v) { return largest(__m256i(v)); }
+  PYCOMM_AVX2 static int32_t largest(__m256i v) {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
     return _mm_cvtsi128_si32(_mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1)));
   }
@@ -176,7 +178,7 @@ struct Avx512 : Lanes<16> {
   PYCOMM_AVX512 static int32_t largest(I v) {
     const __m256i low = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 0);
     const __m256i high = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 1);
-    return Avx2::largest(Avx2::I(_mm256_max_epi32(low, high)));
+    return Avx2::largest(_mm256_max_epi32(low, high));
   }
 };
 
@@ -233,13 +235,14 @@ typename V::I magnitudes32(typename V::S a) {
   return bit_cast_<typename V::I>(V::widen(bit_cast_<typename V::H>(a)) << 16);
 }
 
-// bf16_bits_from_float.
-template <class V>
+// bf16_bits_from_float, of values that are NaN only if kNaN.
+template <class V, bool kNaN = true>
 typename V::U bf16_lanes(typename V::F f) {
   using U = typename V::U;
   const U x = bit_cast_<U>(f);
   const U rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-  return (x & 0x7fffffffu) > 0x7f800000u ? splat<U>(0x7fc0u) : rounded;
+  if (!kNaN) return rounded;
+  return bit_cast_<typename V::I>(x & 0x7fffffffu) > 0x7f800000 ? splat<U>(0x7fc0u) : rounded;
 }
 
 // W values rounded to storage type T, as Numeric<T>::store rounds.
@@ -259,17 +262,20 @@ void store_values(Half* p, typename V::F v) {
   store(p, V::to_half(v != v ? bit_cast_<typename V::F>(sign | 0x7fc00000u) : v));
 }
 
-// Each code format on lanes: encode(values, inverse scale) -> W codes, as
-// Code::encode(value * inverse scale); decode(W codes) -> their values, as Code::decode but
-// for a NaN's quiet bit, which the callers' product by the scale sets in both.
+// Each code format on lanes: encode<kSpecials>(values, inverse scale) -> W codes, as
+// Code::encode(value * inverse scale), where values are NaN or infinite only if kSpecials;
+// decode(W codes) -> their values, as Code::decode but for a NaN's quiet bit, which the
+// callers' product by the scale sets in both.
 template <class V>
 struct Fp16Lanes {
   using F = typename V::F;
   using H = typename V::H;
   using Codes = H;
   // F16C rounds as half_bits_from_float; NaN becomes the NaN code's own NaN first.
+  template <bool kSpecials>
   static H encode(F x, float inv) {
     const F v = x * inv;
+    if (!kSpecials) return V::to_half(v);
     return V::to_half(v != v ? bit_cast_<F>(splat<typename V::U>(0x7fc00000u)) : v);
   }
   static F decode(H c) { return V::from_half(c); }
@@ -279,7 +285,10 @@ struct Bf16Lanes {
   using F = typename V::F;
   using H = typename V::H;
   using Codes = H;
-  static H encode(F x, float inv) { return V::to_u16(bf16_lanes<V>(x * inv)); }
+  template <bool kSpecials>
+  static H encode(F x, float inv) {
+    return V::to_u16(bf16_lanes<V, kSpecials>(x * inv));
+  }
   static F decode(H c) { return bit_cast_<F>(V::widen(c) << 16); }
 };
 // fp8: encode is fp8_bits_from_finite with CodeFp8's NaN and Inf. decode goes through half
@@ -289,23 +298,33 @@ struct Bf16Lanes {
 template <class V, int E, int M, uint32_t kInf>
 struct Fp8Lanes {
   using F = typename V::F;
+  using I = typename V::I;
   using U = typename V::U;
   using H = typename V::H;
+  using S = typename V::S;
   using Codes = typename V::B;
   static constexpr uint32_t kBias = (1u << (E - 1)) - 1;
+  // The normal codes' rebias is subtracted before the shift, not after: the same where a
+  // code is normal (ax is above the bias's bits there), one operation fewer. Magnitudes
+  // compare as signed integers, which AVX2 has.
+  template <bool kSpecials>
   static Codes encode(F x, float inv) {
     constexpr uint32_t kMinNormal = (127 + 1 - kBias) << 23;
     constexpr uint32_t kMagic = (127 + 1 - kBias + 23 - M) << 23;
-    const U v = bit_cast_<U>(x * inv), ax = v & 0x7fffffffu, sign = (v >> 24) & 0x80u;
+    constexpr uint32_t kRoundAndRebias = ((1u << (22 - M)) - 1) - ((127 - kBias) << 23);
+    const U v = bit_cast_<U>(x * inv), ax = v & 0x7fffffffu;
+    const I signed_ax = bit_cast_<I>(ax);
     const U sub = bit_cast_<U>(bit_cast_<F>(ax) + bit_cast_<float>(kMagic)) - kMagic;
-    const U rounded = ax + ((1u << (22 - M)) - 1) + ((ax >> (23 - M)) & 1u);
-    const U normal = (rounded >> (23 - M)) - ((127 - kBias) << M);
-    const U finite = sign | (ax < kMinNormal ? sub : normal);
-    return V::to_u8(ax > 0x7f800000u ? splat<U>(0x7fu) : ax == 0x7f800000u ? (sign | kInf) : finite);
+    const U normal = (ax + kRoundAndRebias + ((ax >> (23 - M)) & 1u)) >> (23 - M);
+    const U finite = ((v >> 24) & 0x80u) | (signed_ax < int32_t(kMinNormal) ? sub : normal);
+    if (!kSpecials) return V::to_u8(finite);
+    const U special = signed_ax > 0x7f800000 ? splat<U>(0x7fu) : ((v >> 24) & 0x80u) | kInf;
+    return V::to_u8(signed_ax >= 0x7f800000 ? special : finite);
   }
   static F decode(Codes c) {
     const H w = V::widen(c), em = w & 0x7f, sign = (w & 0x80) << 8;
-    const H half = em > kInf ? splat<H>(0x7e00) : sign | (em == kInf ? splat<H>(0x7c00) : em << (10 - M));
+    const H value = sign | (em == kInf ? splat<H>(0x7c00) : em << (10 - M));
+    const H half = bit_cast_<S>(em) > int16_t(kInf) ? splat<H>(0x7e00) : value;
     return V::from_half(half) * bit_cast_<float>((127 + 15 - kBias) << 23);
   }
 };
@@ -337,13 +356,40 @@ struct VectorRuns {
   }
 
  private:
-  static void encode_record(const T* x, char* enc, size_t m) {
-    const float amax = largest_finite(x, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    if (may_overflow(amax, scale)) return ScalarRuns<Code, T>::encode(x, enc, m, m);
-    std::memcpy(enc, &scale, sizeof scale);
-    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+  // A record's scale (of its largest finite magnitude, amax), and whether its whole vectors
+  // hold a NaN or an infinity.
+  struct Scaling {
+    float amax, scale, inv;
+    bool specials;
+  };
+  static Scaling scaling(const T* x, size_t m) {
+    using M = decltype(magnitudes<V>(x));
+    constexpr int kInf = sizeof(M) == sizeof(I) ? 0x7f800000 : 0x7f80;  // in M's lanes
+    M finite_lanes{}, lanes{};
     size_t i = 0;
-    for (; i + W <= m; i += W) store(codes + i, L::encode(load_values<V>(x + i), inv));
+    for (; i + W <= m; i += W) {
+      const M a = magnitudes<V>(x + i);
+      const M finite = a < kInf ? a : M{};
+      finite_lanes = finite > finite_lanes ? finite : finite_lanes;
+      lanes = a > lanes ? a : lanes;
+    }
+    int32_t amax = V::largest(magnitudes32<V>(finite_lanes));
+    for (; i < m; ++i) amax = std::max(amax, finite_magnitude(N::load(x[i])));
+    const float scale = block_scale<Code>(bit_cast_<float>(amax));
+    const bool specials = nonfinite_magnitude(V::largest(magnitudes32<V>(lanes)));
+    return {bit_cast_<float>(amax), scale, inverse_scale(scale), specials};
+  }
+  static void encode_record(const T* x, char* enc, size_t m) {
+    const Scaling s = scaling(x, m);
+    if (may_overflow(s)) return ScalarRuns<Code, T>::encode(x, enc, m, m);
+    std::memcpy(enc, &s.scale, sizeof s.scale);
+    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+    s.specials ? encode_codes<true>(x, codes, m, s.inv) : encode_codes<false>(x, codes, m, s.inv);
+  }
+  template <bool kSpecials>
+  static void encode_codes(const T* x, C* codes, size_t m, float inv) {
+    size_t i = 0;
+    for (; i + W <= m; i += W) store(codes + i, L::template encode<kSpecials>(load_values<V>(x + i), inv));
     for (; i < m; ++i) codes[i] = static_cast<C>(Code::encode(N::load(x[i]) * inv));
   }
   static void decode_record(const char* enc, T* x, size_t m) {
@@ -354,32 +400,22 @@ struct VectorRuns {
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
   }
   static void quantize_record(const T* x, float* v, size_t m) {
-    const float amax = largest_finite(x, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    if (may_overflow(amax, scale)) return ScalarRuns<Code, T>::quantize(x, v, m, m);
-    size_t i = 0;
-    for (; i + W <= m; i += W) store(v + i, L::decode(L::encode(load_values<V>(x + i), inv)) * scale);
-    for (; i < m; ++i) v[i] = Code::decode(Code::encode(N::load(x[i]) * inv)) * scale;
+    const Scaling s = scaling(x, m);
+    if (may_overflow(s)) return ScalarRuns<Code, T>::quantize(x, v, m, m);
+    s.specials ? quantize_values<true>(x, v, m, s) : quantize_values<false>(x, v, m, s);
   }
-  // The largest finite magnitude of x's m values.
-  static float largest_finite(const T* x, size_t m) {
-    using M = decltype(magnitudes<V>(x));
-    constexpr int kInf = sizeof(M) == sizeof(I) ? 0x7f800000 : 0x7f80;  // in M's lanes
-    M lanes{};
+  template <bool kSpecials>
+  static void quantize_values(const T* x, float* v, size_t m, const Scaling& s) {
     size_t i = 0;
-    for (; i + W <= m; i += W) {
-      const M a = magnitudes<V>(x + i);
-      const M finite = a < kInf ? a : M{};
-      lanes = finite > lanes ? finite : lanes;
-    }
-    int32_t amax = V::largest(magnitudes32<V>(lanes));
-    for (; i < m; ++i) amax = std::max(amax, finite_magnitude(N::load(x[i])));
-    return bit_cast_<float>(amax);
+    for (; i + W <= m; i += W)
+      store(v + i, L::decode(L::template encode<kSpecials>(load_values<V>(x + i), s.inv)) * s.scale);
+    for (; i < m; ++i) v[i] = Code::decode(Code::encode(N::load(x[i]) * s.inv)) * s.scale;
   }
   // block_may_overflow, which is false below 2^127: a code exceeds the value it rounds by
   // less than a quarter (every format has 2 mantissa bits or more), and float32's largest
   // value is nearly 2^128.
-  static bool may_overflow(float amax, float scale) {
-    return amax >= 0x1p127f && block_may_overflow<Code>(amax, scale);
+  static bool may_overflow(const Scaling& s) {
+    return s.amax >= 0x1p127f && block_may_overflow<Code>(s.amax, s.scale);
   }
 };
 
@@ -417,7 +453,7 @@ bool cpu_has(Path path) {
     case Path::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case Path::Avx512:
       return cpu_has(Path::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+             __builtin_cpu_supports("avx512vl");
   }
   return false;
 }
