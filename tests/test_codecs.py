@@ -732,14 +732,17 @@ def test_vectorized_paths_write_the_scalar_bits(codec, dtype):
 @all_codecs
 def test_vectorized_paths_decode_every_code_as_the_scalar_path(codec):
     # Every code (NaN and Inf codes too) in records of the scales the encoder writes (every
-    # one for fp8, for 16-bit codes every 7th and those at either end), and records cut short.
+    # one for fp8, for 16-bit codes every 7th and those at either end), of scales it never
+    # writes (no power of two, subnormal, zero, negative, infinite), and records cut short.
     block = 256
     if FMT[codec].code_bytes == 1:
         codes, exponents = torch.arange(256, dtype=torch.int32).to(torch.uint8), range(-126, 127)
     else:
         codes = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
         exponents = sorted(set(range(-126, 127, 7)) | {-125, -24, -14, 0, 110, 112, 125, 126})
-    scales = torch.tensor([2.0 ** e for e in exponents], dtype=torch.float32).view(torch.uint8).reshape(-1, 1, 4)
+    others = [3.0, 0.1, 1e-40, 0.0, -2.0, FLT_MAX, math.inf]
+    scales = torch.tensor([2.0 ** e for e in exponents] + others, dtype=torch.float32)
+    scales = scales.view(torch.uint8).reshape(-1, 1, 4)
     code_bytes = codes.view(torch.uint8).reshape(1, -1, block * FMT[codec].code_bytes)
     records = torch.cat([scales.expand(-1, code_bytes.shape[1], -1), code_bytes.expand(scales.shape[0], -1, -1)], 2)
     enc = records.reshape(-1)

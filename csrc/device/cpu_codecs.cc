@@ -245,18 +245,19 @@ typename V::U bf16_lanes(typename V::F f) {
   return bit_cast_<typename V::I>(x & 0x7fffffffu) > 0x7f800000 ? splat<U>(0x7fc0u) : rounded;
 }
 
-// W values rounded to storage type T, as Numeric<T>::store rounds.
-template <class V>
+// W values rounded to storage type T, as Numeric<T>::store rounds; kExact: values that
+// bfloat16 holds exactly, NaN only as 0x7fc00000 (their top halves).
+template <class V, bool kExact>
 void store_values(float* p, typename V::F v) {
   store(p, v);
 }
-template <class V>
+template <class V, bool kExact>
 void store_values(BFloat16* p, typename V::F v) {
-  store(p, V::to_u16(bf16_lanes<V>(v)));
+  store(p, V::to_u16(kExact ? bit_cast_<typename V::U>(v) >> 16 : bf16_lanes<V>(v)));
 }
 // half_bits_from_float is F16C's rounding but for NaN, which it makes the quiet NaN of the
 // same sign without payload: F16C does so for that NaN.
-template <class V>
+template <class V, bool kExact>
 void store_values(Half* p, typename V::F v) {
   const typename V::U sign = bit_cast_<typename V::U>(v) & 0x80000000u;
   store(p, V::to_half(v != v ? bit_cast_<typename V::F>(sign | 0x7fc00000u) : v));
@@ -279,6 +280,7 @@ struct Fp16Lanes {
     return V::to_half(v != v ? bit_cast_<F>(splat<typename V::U>(0x7fc00000u)) : v);
   }
   static F decode(H c) { return V::from_half(c); }
+  static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
 };
 template <class V>
 struct Bf16Lanes {
@@ -290,6 +292,7 @@ struct Bf16Lanes {
     return V::to_u16(bf16_lanes<V, kSpecials>(x * inv));
   }
   static F decode(H c) { return bit_cast_<F>(V::widen(c) << 16); }
+  static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
 };
 // fp8: encode is fp8_bits_from_finite with CodeFp8's NaN and Inf. decode goes through half
 // precision (F16C): a code's sign, exponent and mantissa moved to the top of a half's make
@@ -327,6 +330,10 @@ struct Fp8Lanes {
     const H half = bit_cast_<S>(em) > int16_t(kInf) ? splat<H>(0x7e00) : value;
     return V::from_half(half) * bit_cast_<float>((127 + 15 - kBias) << 23);
   }
+  // The bits of the smallest power-of-two scale from which every decoded value is exactly a
+  // bfloat16: a nonzero code times it is a normal float32 of M + 1 significant bits or
+  // fewer, or infinite; NaN is 0x7fc00000.
+  static constexpr uint32_t kExactScales = (kBias + M) << 23;
 };
 template <class V> Fp16Lanes<V> lanes_of(const CodeFp16*);
 template <class V> Bf16Lanes<V> lanes_of(const CodeBf16*);
@@ -392,11 +399,19 @@ struct VectorRuns {
     for (; i + W <= m; i += W) store(codes + i, L::template encode<kSpecials>(load_values<V>(x + i), inv));
     for (; i < m; ++i) codes[i] = static_cast<C>(Code::encode(N::load(x[i]) * inv));
   }
+  // Values that bfloat16 holds exactly are stored without rounding: a record whose scale
+  // is a finite power of two from L::kExactScales.
   static void decode_record(const char* enc, T* x, size_t m) {
     const float scale = BlockCodec<Code>::scale_of(enc);
+    const uint32_t bits = bit_cast_<uint32_t>(scale);
+    const bool exact = (bits & 0x807fffffu) == 0 && bits >= L::kExactScales && bits < 0x7f800000u;
+    exact ? decode_values<true>(enc, x, m, scale) : decode_values<false>(enc, x, m, scale);
+  }
+  template <bool kExact>
+  static void decode_values(const char* enc, T* x, size_t m, float scale) {
     const C* codes = BlockCodec<Code>::codes_of(enc);
     size_t i = 0;
-    for (; i + W <= m; i += W) store_values<V>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
+    for (; i + W <= m; i += W) store_values<V, kExact>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
   }
   static void quantize_record(const T* x, float* v, size_t m) {
