@@ -1,13 +1,15 @@
 """Throughput of the compression codecs against memcpy on this machine (one core).
 
-    .venv/bin/python bench/codecs.py [--size 64M] [--repeats 7] [--json out.json]
+    .venv/bin/python bench/codecs.py [--size 64M] [--repeats 7] [--path NAME] [--json out.json]
 
 For each codec and input dtype: encode (tensor -> wire bytes), decode (wire bytes ->
 tensor) and, as the peer, torch's copy of the same input tensor (memcpy bandwidth), each
 into a preallocated output, timed alternately; medians over --repeats. Throughput is GB/s
 of input (the uncompressed side) for all three, so codec / memcpy says how close a codec
 pass is to moving the data once. Encode reads the input and writes 1/4 to 1/2 of it;
-decode the reverse; memcpy reads and writes it all.
+decode the reverse; memcpy reads and writes it all. --path runs the CPU codecs' path of
+that name (pycomm._C.cpu_codec_paths(): scalar, avx2, avx512) instead of the best this
+CPU has; the header names the path.
 """
 
 import argparse
@@ -42,12 +44,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"), help="input bytes (default 64M)")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--path", choices=pycomm._C.cpu_codec_paths(), help="the CPU codecs' path (default: the best)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.path:
+        pycomm._C.cpu_codec_path(args.path)
+    path = pycomm._C.cpu_codec_path()
     rows = []
-    print("codec throughput, %d MiB of input, median of %d, GB/s of input (one core)"
-          % (args.size >> 20, args.repeats))
+    print("codec throughput, %d MiB of input, median of %d, GB/s of input (one core, %s path)"
+          % (args.size >> 20, args.repeats, path))
     print("%-9s %-9s %10s %10s %10s %9s %9s" % ("codec", "input", "encode", "decode", "memcpy",
                                                 "enc/copy", "dec/copy"))
     for codec, dtype in PAIRS:
@@ -74,7 +80,7 @@ def main():
             row["encode_over_memcpy"], row["decode_over_memcpy"]))
     if args.json:
         env = {"python": sys.version.split()[0], "torch": torch.__version__, "host": platform.node(),
-               "cpus": os.cpu_count(), "machine": platform.machine()}
+               "cpus": os.cpu_count(), "machine": platform.machine(), "path": path}
         with open(args.json, "w") as f:
             json.dump({"env": env, "results": rows}, f, indent=2)
             f.write("\n")
