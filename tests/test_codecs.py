@@ -729,6 +729,23 @@ def test_vectorized_paths_write_the_scalar_bits(codec, dtype):
 
 
 @pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
+@pytest.mark.parametrize("codec", SCALED)
+def test_vectorized_paths_scale_every_block_maximum_as_the_scalar_path(codec):
+    # Records of 16 whose largest magnitude has every exponent and a mantissa just below,
+    # at and just above the target's (where the scale steps), or 0 and the largest.
+    target = int(torch.tensor([FMT[codec].target]).view(torch.int32)) & 0x7FFFFF
+    mantissas = [0, 1, target - 1, target, target + 1, 0x7FFFFF]
+    peaks = torch.tensor([(e << 23) | m for e in range(255) for m in mantissas], dtype=torch.int32)
+    x = torch.cat([peaks.view(torch.float32).reshape(-1, 1), torch.zeros(peaks.numel(), 15)], dim=1)
+    x[:, 1:] = x[:, :1] * torch.linspace(-1, 1, 15)
+    x = x.reshape(-1)
+    expected = _on_path("scalar", lambda: pycomm.encode(x, codec, 16))
+    for path in PATHS[1:]:
+        assert _same_bits(_on_path(path, lambda: pycomm.encode(x, codec, 16)), expected), (
+            "%s: the %s path's scales differ from the scalar path's" % (codec, path))
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
 @all_codecs
 def test_vectorized_paths_decode_every_code_as_the_scalar_path(codec):
     # Every code (NaN and Inf codes too) in records of the scales the encoder writes (every

@@ -350,9 +350,16 @@ struct VectorRuns {
   static constexpr size_t W = V::kWidth;
   static constexpr size_t stride(size_t block) { return BlockCodec<Code>::stride(block); }
 
+  // The next record's scaling is found before this record is encoded, so that the latency
+  // of its reductions and its scale overlaps that work.
   static void encode(const T* x, char* enc, size_t n, size_t block) {
-    for (size_t base = 0; base < n; base += block, enc += stride(block))
-      encode_record(x + base, enc, std::min(block, n - base));
+    Scaling s = scaling(x, std::min(block, n));
+    for (size_t base = 0; base < n; base += block, enc += stride(block)) {
+      const size_t next = base + block;
+      const Scaling following = next < n ? scaling(x + next, std::min(block, n - next)) : s;
+      encode_record(x + base, enc, std::min(block, n - base), s);
+      s = following;
+    }
   }
   static void decode(const char* enc, T* x, size_t n, size_t block) {
     for (size_t base = 0; base < n; base += block, enc += stride(block))
@@ -380,14 +387,24 @@ struct VectorRuns {
       finite_lanes = finite > finite_lanes ? finite : finite_lanes;
       lanes = a > lanes ? a : lanes;
     }
-    int32_t amax = V::largest(magnitudes32<V>(finite_lanes));
+    const int32_t largest = V::largest(magnitudes32<V>(lanes));
+    const bool specials = nonfinite_magnitude(largest);
+    int32_t amax = specials ? V::largest(magnitudes32<V>(finite_lanes)) : largest;
     for (; i < m; ++i) amax = std::max(amax, finite_magnitude(N::load(x[i])));
-    const float scale = block_scale<Code>(bit_cast_<float>(amax));
-    const bool specials = nonfinite_magnitude(V::largest(magnitudes32<V>(lanes)));
+    const float scale = scale_of(amax);
     return {bit_cast_<float>(amax), scale, inverse_scale(scale), specials};
   }
-  static void encode_record(const T* x, char* enc, size_t m) {
-    const Scaling s = scaling(x, m);
+  // block_scale without its loop, whose branches cost as much as a record's conversions:
+  // with amax = a 2^p and the target t 2^q (a, t in [1, 2)), amax / 2^e <= target holds
+  // from e = p - q + (a > t) on and not below, and a subnormal amax (p = -127 here, as
+  // there) takes -126, as it does there.
+  static float scale_of(int32_t amax) {
+    if (!Code::kScaled || amax == 0) return 1.0f;
+    const int32_t target = bit_cast_<int32_t>(Code::kTarget);
+    const int32_t e = (amax >> 23) - (target >> 23) + ((amax & 0x7fffff) > (target & 0x7fffff));
+    return bit_cast_<float>((127 + std::min(std::max(e, -126), 126)) << 23);
+  }
+  static void encode_record(const T* x, char* enc, size_t m, const Scaling& s) {
     if (may_overflow(s)) return ScalarRuns<Code, T>::encode(x, enc, m, m);
     std::memcpy(enc, &s.scale, sizeof s.scale);
     C* codes = reinterpret_cast<C*>(enc + sizeof(float));
