@@ -32,6 +32,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _harness  # noqa: E402
+# Triton reads its mode (TRITON_INTERPRET) when it is imported, and the session's zygote
+# imports it (with torch._dynamo): set here, before any world starts, so that every world
+# runs the Triton kernels as tests/_triton_env.py says, whichever test file runs first.
+import _triton_env  # noqa: E402, F401
 from _harness import BACKEND  # noqa: E402
 
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
