@@ -15,6 +15,7 @@
 #include "core/link_cost.h"
 #include "core/perturbation.h"
 #include "core/request.h"
+#include "core/segments.h"
 #include "core/topology.h"
 #include "core/types.h"
 #include "device/device_ops.h"
@@ -76,20 +77,6 @@ struct Context {
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
-
-// Balanced split of `count` elements into `parts` contiguous segments of whole units of
-// `unit` elements (the last unit may be short); the first units % parts segments hold one
-// unit more. Compressed data uses the codec's block as the unit, so that segments start
-// on block boundaries of the tensor.
-struct Segments {
-  size_t count, parts, unit = 1;
-  size_t begin(size_t i) const {
-    const size_t units = (count + unit - 1) / unit;
-    return std::min(count, (i * (units / parts) + std::min(i, units % parts)) * unit);
-  }
-  size_t length(size_t i) const { return begin(i + 1) - begin(i); }
-};
-
 
 // A team as a butterfly of p virtual ranks, p the largest power of two <= n: the first
 // 2(n-p) ranks pair up (2i and 2i+1 are virtual rank i), every other rank is one. A
