@@ -264,14 +264,29 @@ def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
 
 
 # Scalars never specialized (see _fold_kernel's docstring).
-_SCALARS = ["premul_bits", "world_size"]
+_SCALARS = ["premul_bits", "world_size", "counts", "strides", "parts", "unit", "skip", "slot_bytes"]
+
+
+@triton.jit
+def _store_encoded(out, blocks, mask, n, acc, CODEC: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+    """The tile's values encoded, block b at b * (4 + BLOCK * CODE_BYTES) bytes of out:
+    [fp32 scale][codes], the scale of each block's largest magnitude."""
+    amax = _block_amax(acc, mask)
+    scale = _block_scale(amax, CODEC)
+    codes = _codes(acc, amax, scale, CODEC)
+    base = out.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
+    tl.store(base.to(tl.pointer_type(tl.float32), bitcast=True), scale, mask=blocks * BLOCK < n)
+    code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
+    tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
+             codes.to(code_type), mask=mask)
 
 
 @triton.jit(do_not_specialize=_SCALARS)
-def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_size, FORMS: tl.constexpr,
-                 RUNS: tl.constexpr, KIND: tl.constexpr, STAGE: tl.constexpr, CODEC: tl.constexpr, EXACT: tl.constexpr,
-                 QUANTIZE: tl.constexpr, ACC: tl.constexpr, FLOATING: tl.constexpr, OUT_KIND: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
+def _fold_kernel(out, runs, strides, counts, n, parts, unit, skip, slot_bytes, premul_bits: tl.int64, world_size,
+                 FORMS: tl.constexpr, RUNS: tl.constexpr, KIND: tl.constexpr, STAGE: tl.constexpr,
+                 CODEC: tl.constexpr, EXACT: tl.constexpr, QUANTIZE: tl.constexpr, ACC: tl.constexpr,
+                 FLOATING: tl.constexpr, OUT_KIND: tl.constexpr, SEGMENTS: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """DeviceOps::reduce_terms for one tile, ROWS codec blocks of BLOCK elements (program
     p: blocks p * ROWS ...): terms folded left in order, or exactly; STAGE 0 Partial (the
     accumulation type), 1 Final (the storage type), 2 Encoded, 3 FinalEncoded (finalized,
@@ -281,9 +296,30 @@ def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_siz
     FORMS[r], the first at runs[r], each the next strides[r] elements on. The counts are
     loop bounds, not unrolled, so that one specialization serves every world size.
 
+    With SEGMENTS, a fold over segments (``fold_segments``): program (p, s) folds tile p
+    of pair s, segment s of the plain operand (Segments(n, parts, unit)) and slot s of the
+    slotted one (s * slot_bytes bytes in), but segment ``skip``: the slot is the output
+    (its one term the segment) where STAGE encodes, else the segment.
+
     Scalars are arguments, so that a call copies nothing from the host: premul_bits, the
     float64 bits of PREMUL_SUM's factor (a float argument would be float32), and
-    world_size, never specialized (as the constant 1 it would have no ``.to``)."""
+    world_size, never specialized (as the constant 1 it would have no ``.to``); nor are
+    the runs' counts and strides or the segments (world sizes and segment lengths: one
+    compiled kernel serves them all)."""
+    if SEGMENTS:
+        s = tl.program_id(1).to(tl.int64)
+        units = (n + unit - 1) // unit
+        first = (s * (units // parts) + tl.minimum(s, units % parts)) * unit
+        end = ((s + 1) * (units // parts) + tl.minimum(s + 1, units % parts)) * unit
+        first, end = tl.minimum(first, n), tl.minimum(end, n)
+        plain_at, slot_at = first, s * slot_bytes
+        if STAGE >= 2:
+            out += slot_at
+            runs = (runs[0] + plain_at,)
+        else:
+            out += plain_at
+            runs = (runs[0] + slot_at,)
+        n = tl.where(s == skip, 0, end - first)
     blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     offs = blocks * BLOCK + tl.arange(0, BLOCK)[None, :]
     mask = offs < n
@@ -314,14 +350,7 @@ def _fold_kernel(out, runs, strides, counts, n, premul_bits: tl.int64, world_siz
     elif STAGE == 1:
         _store_final(out, offs, mask, acc, OUT_KIND)
     else:
-        amax = _block_amax(acc, mask)
-        scale = _block_scale(amax, CODEC)
-        codes = _codes(acc, amax, scale, CODEC)
-        base = out.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
-        tl.store(base.to(tl.pointer_type(tl.float32), bitcast=True), scale, mask=blocks * BLOCK < n)
-        code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
-        tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
-                 codes.to(code_type), mask=mask)
+        _store_encoded(out, blocks, mask, n, acc, CODEC, BLOCK, CODE_BYTES)
 
 
 # The same kernel for a count of 1, which Triton would otherwise compile as the constant 1:
@@ -372,8 +401,25 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     """``pycomm._C.fold`` (the layered path's step, DeviceOps::reduce_terms on tensors) in
     Triton, with the same arguments and bits, enqueued on the current stream. Encoded
     operands start on a 4-byte boundary (their scales are read as float32)."""
-    if count == 0:
-        return
+    if count:
+        _launch(out, terms, forms, dtype, count, (1, 1, -1, 0), op, world_size, exact, codec, block, stage)
+
+
+def fold_segments(plain, slots, count, parts, unit, skip, slot_bytes, dtype, op, world_size, exact, codec, block,
+                  stage):
+    """``pycomm._C.fold_segments`` in Triton, with the same arguments and bits: one launch
+    for every pair of a segment of ``plain`` and its slot of ``slots``."""
+    if codec == "none":
+        raise ValueError("pycomm: fold_segments is a codec's step: it needs a codec")
+    if count:
+        encodes = stage in (Stage.Encoded, Stage.FinalEncoded)
+        _launch(slots if encodes else plain, [plain if encodes else slots], [Form.Input if encodes else Form.Encoded],
+                dtype, count, (parts, unit, skip, slot_bytes), op, world_size, exact, codec, block, stage)
+
+
+def _launch(out, terms, forms, dtype, count, segments, op, world_size, exact, codec, block, stage):
+    """A launch of _fold_kernel: ``terms`` folded into ``out``, over ``count`` elements
+    cut in segments (parts, unit, skip, slot_bytes), one program column per segment."""
     kind, premul = _C.reduction(op, dtype)
     acc = PARTIAL_DTYPES.get(dtype, dtype)
     coded = codec != "none"
@@ -387,14 +433,17 @@ def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, s
     out_form = {Stage.Partial: acc, Stage.Final: memory.get(dtype, dtype)}.get(stage, torch.uint8)
     width = block if coded else _TILE
     rows = _TILE // width
+    parts, unit = segments[:2]
+    units = -(-count // unit)
+    longest = min(count, -(-units // parts) * unit)  # segment 0's elements, the most of any
     runs = _runs([_typed(t, in_form[f]) for t, f in zip(terms, forms)], forms)
-    (_fold_kernel_of_one if count == 1 else _fold_kernel)[(triton.cdiv(count, rows * width),)](
+    (_fold_kernel_of_one if count == 1 else _fold_kernel)[(triton.cdiv(longest, rows * width), parts)](
         _typed(out, out_form), tuple(r[0] for r in runs), tuple(r[2] for r in runs), tuple(r[3] for r in runs),
-        count, struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
+        count, *segments, struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
         FORMS=tuple(int(r[1]) for r in runs), RUNS=len(runs), KIND=_KINDS[kind], STAGE=int(stage),
         CODEC=_CODECS.get(codec, 0), EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
         ACC=_TL_TYPES[acc], FLOATING=acc.is_floating_point, OUT_KIND=_OUT_KINDS.get(dtype, 0),
-        ROWS=rows, BLOCK=width, CODE_BYTES=1 if codec.startswith("fp8") else 2,
+        SEGMENTS=parts > 1 or segments[2] >= 0, ROWS=rows, BLOCK=width, CODE_BYTES=1 if codec.startswith("fp8") else 2,
         enable_fp_fusion=False)
 
 
@@ -413,6 +462,58 @@ def _runs(terms, forms):
                 continue
         runs.append([t, form, 0, 1])
     return runs
+
+
+# ---- the layered path's stamps (``_C.write_stamp``, ``_C.judge_stamps``) ----
+
+@triton.jit(do_not_specialize=["words"])
+def _write_words_kernel(dst, words, COUNT: tl.constexpr):
+    for i in tl.static_range(COUNT):
+        tl.store(dst + i, tl.cast(words[i], tl.int64))
+
+
+def write_stamp(dst, words):
+    """``pycomm._C.write_stamp``: the words are the kernel's arguments, nothing is copied
+    from the host."""
+    _write_words_kernel[(1,)](dst, tuple(words), COUNT=len(words))
+
+
+# judge_stamps scans the rows this many at a time; a stamp holds at most _STAMP_WIDTH words.
+_JUDGE_ROWS, _STAMP_WIDTH = 64, 16
+_NOT_FOUND = 1 << 62
+
+
+@triton.jit(do_not_specialize=["count", "row_stride", "skip"])
+def _judge_kernel(rows, count, row_stride, mine, skip, verdict, WORDS: tl.constexpr, ROWS: tl.constexpr,
+                  WIDTH: tl.constexpr, VERDICT: tl.constexpr, NOT_FOUND: tl.constexpr):
+    """judge_stamps (runtime/device_runtime.h) by one program: the first difference in row
+    order is the smallest p * WORDS + f at which row p differs; the verdict's other words
+    are stored, then its first, released to the host."""
+    f = tl.arange(0, WIDTH)
+    mine_words = tl.load(mine + f, mask=f < WORDS, other=0)
+    first = tl.full([], NOT_FOUND, tl.int64)
+    for start in range(0, count, ROWS):
+        p = start + tl.arange(0, ROWS).to(tl.int64)
+        compared = ((p < count) & (p != skip))[:, None] & (f < WORDS)[None, :]
+        theirs = tl.load(rows + p[:, None] * row_stride + f[None, :], mask=compared, other=0)
+        at = tl.where(compared & (theirs != mine_words[None, :]), p[:, None] * WORDS + f[None, :], NOT_FOUND)
+        first = tl.minimum(first, tl.min(at))
+    w = tl.arange(0, 8)
+    peer, field = first // WORDS, first % WORDS
+    # Whether to write, in every lane (the interpreter takes no scalar mask with a vector).
+    found = (w * 0 + ((first != NOT_FOUND) & (tl.load(verdict) == 0)).to(tl.int32)) != 0
+    words = tl.where(w == 1, peer, tl.where(w == 2, field, 0))
+    words = tl.where(w == 3, tl.load(rows + peer * row_stride + field + w * 0, mask=found, other=0), words)
+    words = tl.where(w == 4, tl.load(mine + field + w * 0, mask=found, other=0), words)
+    words = tl.where(w == 5, tl.load(mine + 1), tl.where(w == 6, tl.load(mine + 2), words))
+    tl.store(verdict + w, words, mask=found & (w >= 1) & (w < VERDICT))
+    tl.atomic_xchg(verdict + w, w * 0 + 1, mask=found & (w == 0), sem="release", scope="sys")
+
+
+def judge_stamps(rows, mine, skip, verdict):
+    """``pycomm._C.judge_stamps``, one launch."""
+    _judge_kernel[(1,)](rows, rows.shape[0], rows.stride(0), mine, skip, verdict, WORDS=mine.numel(),
+                        ROWS=_JUDGE_ROWS, WIDTH=_STAMP_WIDTH, VERDICT=_C.VERDICT_WORDS, NOT_FOUND=_NOT_FOUND)
 
 
 _TL_TYPES = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int8: tl.int8, torch.uint8: tl.uint8,

@@ -212,6 +212,71 @@ def test_fold_of_many_ranks_matches_cpu(world):
         assert _equal(cpu, tri.cpu()), (world, str(dtype), codec, exact, op)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_fold_over_segments_is_a_fold_per_segment(codec):
+    """fold_segments, a codec's step over every segment of a call in one launch, against a
+    fold per segment, with the CPU ops and the Triton kernel: segments of whole blocks (an
+    all-reduce's) and of any length (a reduce-scatter's), one of them left out, encoded
+    into slots (premultiplied, or finalized) and decoded from them (finalized, or partial)."""
+    for dtype in FLOATS:
+        for count, parts, unit, block in [(1000, 3, 64, 64), (4099, 4, 1, 32), (70, 5, 16, 16), (5, 1, 16, 16)]:
+            x = _data(count, dtype, count + parts)
+            begins = _C.segment_begins(count, parts, unit)
+            pieces = [(begins[s], begins[s + 1] - begins[s]) for s in range(parts)]
+            width = -(-max(_C.encoded_size(codec, block, n) for _, n in pieces) // 16) * 16
+            for skip in (-1, parts // 2):
+                for op, stage in [("PREMUL_SUM", Stage.Encoded), ("AVG", Stage.FinalEncoded)]:
+                    expected = torch.zeros(parts * width, dtype=torch.uint8)
+                    for s, (first, n) in enumerate(pieces):
+                        if s != skip and n:
+                            _C.fold(expected[s * width:s * width + _C.encoded_size(codec, block, n)],
+                                    [x[first:first + n]], [Form.Input], dtype, n, _op(op), 3, False, codec, block, stage)
+                    for kernels in (_C, triton_kernels):
+                        slots = torch.zeros(parts * width, dtype=torch.uint8, device=DEVICE)
+                        kernels.fold_segments(x.to(DEVICE), slots, count, parts, unit, skip, width, dtype, _op(op), 3,
+                                              False, codec, block, stage)
+                        assert torch.equal(slots.cpu(), expected), (kernels.__name__, dtype, count, skip, op)
+                for stage in (Stage.Final, Stage.Partial):
+                    out_type = dtype if stage == Stage.Final else torch.float32
+                    expected = torch.zeros(count, dtype=out_type)
+                    for s, (first, n) in enumerate(pieces):
+                        if s != skip and n:
+                            _C.fold(expected[first:first + n], [slots.cpu()[s * width:][:_C.encoded_size(codec, block,
+                                                                                                           n)]],
+                                    [Form.Encoded], dtype, n, _op("AVG"), 3, False, codec, block, stage)
+                    for kernels in (_C, triton_kernels):
+                        plain = torch.zeros(count, dtype=out_type, device=DEVICE)
+                        kernels.fold_segments(plain, slots, count, parts, unit, skip, width, dtype, _op("AVG"), 3,
+                                              False, codec, block, stage)
+                        assert _equal(plain.cpu(), expected), (kernels.__name__, dtype, count, skip, stage)
+
+
+def test_stamps_written_and_judged_alike():
+    """write_stamp and judge_stamps on the CPU and in the Triton kernels: the first
+    difference in row order reported (its row and field, both values, this rank's sequence
+    number and collective), rows apart by a stride, a row left out, and a verdict kept once
+    written (the first disagreement is the one reported)."""
+    words = [7, 1 << 40, -3, 11, 5]
+    for kernels in (_C, triton_kernels):
+        mine = torch.zeros(len(words), dtype=torch.int64, device=DEVICE)
+        kernels.write_stamp(mine, words)
+        assert mine.cpu().tolist() == words, kernels.__name__
+        rows = torch.zeros(70, 8, dtype=torch.int64)
+        rows[:, :len(words)] = torch.tensor(words)
+        rows[:, len(words):] = 99  # past the stamp: never compared
+        verdict = torch.zeros(_C.VERDICT_WORDS, dtype=torch.int64)
+        kernels.judge_stamps(rows.to(DEVICE), mine, -1, verdict)
+        assert verdict.tolist() == [0] * _C.VERDICT_WORDS, kernels.__name__
+        rows[3, 4], rows[65, 2] = 12, 4
+        kernels.judge_stamps(rows.to(DEVICE), mine, 3, verdict)
+        assert verdict.tolist() == [1, 65, 2, 4, -3, 1 << 40, -3], kernels.__name__
+        kernels.judge_stamps(rows.to(DEVICE), mine, -1, verdict)  # kept: the first one found
+        assert verdict.tolist() == [1, 65, 2, 4, -3, 1 << 40, -3], kernels.__name__
+        verdict.zero_()
+        kernels.judge_stamps(rows.to(DEVICE), mine, -1, verdict)
+        assert verdict.tolist() == [1, 3, 4, 12, 5, 1 << 40, -3], kernels.__name__
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])
 def test_uncoded_fold_of_other_types_matches_cpu(dtype):
     ops = ["SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR"]

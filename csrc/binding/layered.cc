@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <sstream>
@@ -138,11 +139,12 @@ int64_t encoded_size(const std::string& codec, int64_t block, int64_t count) {
   return static_cast<int64_t>(encoded_bytes(c, static_cast<size_t>(block), static_cast<size_t>(count)));
 }
 
-void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
-          at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
-          const std::string& codec, int64_t block, Stage stage) {
-  TORCH_CHECK_VALUE(!terms.empty() && terms.size() == forms.size(), "pycomm: fold takes one form per term, and a term");
-  TORCH_CHECK_VALUE(count >= 0 && world_size >= 1, "pycomm: fold of ", count, " elements over ", world_size, " ranks");
+namespace {
+
+// The spec of a fold, checked.
+ReduceSpec spec_of(at::ScalarType dtype, const c10d::ReduceOp& op, int64_t world_size, bool exact,
+                   const std::string& codec, int64_t block, Stage stage) {
+  TORCH_CHECK_VALUE(world_size >= 1, "pycomm: fold over ", world_size, " ranks");
   ReduceSpec spec;
   guard([&] {
     spec.dtype = to_core(dtype);
@@ -158,6 +160,22 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
   TORCH_CHECK_VALUE(!coded || (block >= 16 && (block & (block - 1)) == 0), "pycomm: fold: block ", block,
                     " is not a power of two of at least 16");
   TORCH_CHECK_VALUE(coded || form_of(stage) != Form::Encoded, "pycomm: fold: an encoded stage needs a codec");
+  return spec;
+}
+
+void* stream_of(const at::Device& device) {
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device).native_handle();
+}
+
+}  // namespace
+
+void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
+          at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
+          const std::string& codec, int64_t block, Stage stage) {
+  TORCH_CHECK_VALUE(!terms.empty() && terms.size() == forms.size(), "pycomm: fold takes one form per term, and a term");
+  TORCH_CHECK_VALUE(count >= 0, "pycomm: fold of ", count, " elements");
+  const ReduceSpec spec = spec_of(dtype, op, world_size, exact, codec, block, stage);
+  const bool coded = spec.codec != Compression::None;
   const size_t n = static_cast<size_t>(count);
   const at::Device device = out.device();
   check_operand(out, device, bytes_in(form_of(stage), spec, n), "out");
@@ -173,8 +191,88 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
     return;
   }
   TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: fold: expected CPU or CUDA tensors, got ", device);
-  void* stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device).native_handle();
-  guard([&] { device_runtime().enqueue_reduce_terms(device.index(), stream, spec, stage, out.data_ptr(), operands.data(), k, n); });
+  guard([&] {
+    device_runtime().enqueue_reduce_terms(device.index(), stream_of(device), spec, stage, out.data_ptr(),
+                                          operands.data(), k, n);
+  });
+}
+
+void fold_segments(at::Tensor& plain, at::Tensor& slots, int64_t count, int64_t parts, int64_t unit, int64_t skip,
+                   int64_t slot_bytes, at::ScalarType dtype, const c10d::ReduceOp& op, int64_t world_size, bool exact,
+                   const std::string& codec, int64_t block, Stage stage) {
+  TORCH_CHECK_VALUE(count >= 0 && parts >= 1 && unit >= 1 && slot_bytes >= 0 && skip >= -1,
+                    "pycomm: fold_segments of ", count, " elements in ", parts, " segments of units of ", unit,
+                    ", slots of ", slot_bytes, " bytes, segment ", skip, " left out");
+  const ReduceSpec spec = spec_of(dtype, op, world_size, exact, codec, block, stage);
+  TORCH_CHECK_VALUE(spec.codec != Compression::None, "pycomm: fold_segments is a codec's step: it needs a codec");
+  const SegmentSlots pairs{Segments{static_cast<size_t>(count), static_cast<size_t>(parts), static_cast<size_t>(unit)},
+                           static_cast<size_t>(slot_bytes), static_cast<int>(skip)};
+  const at::Device device = plain.device();
+  TORCH_CHECK_VALUE(slots.device() == device, "pycomm: fold_segments: slots are on ", slots.device(), ", not ", device);
+  TORCH_CHECK_VALUE(plain.is_contiguous() && slots.is_contiguous(), "pycomm: fold_segments: operands must be contiguous");
+  TORCH_CHECK_VALUE(static_cast<size_t>(plain.numel() * plain.element_size()) >=
+                        bytes_in(pairs.encodes(stage) ? Form::Input : form_of(stage), spec, pairs.segments.count),
+                    "pycomm: fold_segments: the plain operand holds ", plain.numel() * plain.element_size(),
+                    " bytes, fewer than ", count, " elements in its form");
+  for (size_t s = 0; s < pairs.segments.parts; ++s) {
+    const size_t encoded = encoded_bytes(spec.codec, spec.block, pairs.segments.length(s));
+    if (static_cast<int>(s) == pairs.skip || encoded == 0) continue;
+    TORCH_CHECK_VALUE((pairs.segments.parts == 1 || encoded <= pairs.slot_bytes) &&
+                          s * pairs.slot_bytes + encoded <= static_cast<size_t>(slots.numel() * slots.element_size()),
+                      "pycomm: fold_segments: segment ", s, "'s ", encoded, " encoded bytes do not fit its slot");
+  }
+  if (device.is_cpu()) {
+    guard([&] { cpu_ops().reduce_segments(spec, stage, plain.data_ptr(), slots.data_ptr(), pairs); });
+    return;
+  }
+  TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: fold_segments: expected CPU or CUDA tensors, got ", device);
+  guard([&] {
+    device_runtime().enqueue_reduce_segments(device.index(), stream_of(device), spec, stage, plain.data_ptr(),
+                                             slots.data_ptr(), pairs);
+  });
+}
+
+void write_stamp(at::Tensor& dst, const std::vector<int64_t>& words) {
+  TORCH_CHECK_VALUE(dst.scalar_type() == at::kLong && dst.is_contiguous() &&
+                        static_cast<size_t>(dst.numel()) >= words.size() && !words.empty() &&
+                        words.size() <= static_cast<size_t>(kMaxStampWords),
+                    "pycomm: write_stamp: 1 to ", kMaxStampWords, " words into a contiguous int64 tensor");
+  const at::Device device = dst.device();
+  if (device.is_cpu()) {
+    std::copy(words.begin(), words.end(), dst.data_ptr<int64_t>());
+    return;
+  }
+  TORCH_CHECK_VALUE(device.is_cuda(), "pycomm: write_stamp: expected a CPU or CUDA tensor, got ", device);
+  guard([&] {
+    device_runtime().enqueue_write_words(device.index(), stream_of(device), dst.data_ptr<int64_t>(), words.data(),
+                                         static_cast<int>(words.size()));
+  });
+}
+
+void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, at::Tensor& verdict) {
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.scalar_type() == at::kLong && rows.stride(1) == 1 &&
+                        mine.scalar_type() == at::kLong && mine.is_contiguous() && mine.numel() >= 3 &&
+                        mine.numel() <= rows.size(1) && mine.numel() <= kMaxStampWords,
+                    "pycomm: judge_stamps: int64 rows of at least the stamp's words, and a stamp of 3 to ",
+                    kMaxStampWords, " words");
+  TORCH_CHECK_VALUE(verdict.device().is_cpu() && verdict.scalar_type() == at::kLong && verdict.is_contiguous() &&
+                        verdict.numel() == kVerdictWords,
+                    "pycomm: judge_stamps: a verdict is ", kVerdictWords, " int64 words of host memory");
+  const at::Device device = rows.device();
+  TORCH_CHECK_VALUE(mine.device() == device, "pycomm: judge_stamps: the stamps are on ", device, " and mine on ",
+                    mine.device());
+  const StampTable table{rows.data_ptr<int64_t>(), static_cast<size_t>(rows.size(0)),
+                         static_cast<size_t>(rows.stride(0)), mine.data_ptr<int64_t>(),
+                         static_cast<int>(mine.numel()), static_cast<int>(skip)};
+  if (device.is_cpu()) {
+    judge_stamps(table, verdict.data_ptr<int64_t>());
+    return;
+  }
+  TORCH_CHECK_VALUE(device.is_cuda() && verdict.is_pinned(), "pycomm: judge_stamps: stamps on ", device,
+                    " need CUDA and a page-locked verdict");
+  guard([&] {
+    device_runtime().enqueue_judge_stamps(device.index(), stream_of(device), table, verdict.data_ptr<int64_t>());
+  });
 }
 
 LayeredRecorder::LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover)

@@ -4,8 +4,10 @@
 // so both paths give the same bits:
 //   layered_options  the options a call runs with, by the native path's rules;
 //   layered_plan     which layered algorithm runs it, in how many parts (runtime/layered_plan.h);
-//   segment_begins   how a buffer splits over the ranks (Segments, algorithm.h);
+//   segment_begins   how a buffer splits over the ranks (Segments, core/segments.h);
 //   fold             DeviceOps::reduce_terms on tensors, on their device;
+//   fold_segments    DeviceOps::reduce_segments likewise: a codec's step over every segment;
+//   write_stamp, judge_stamps  a call's stamps, written and compared on their device;
 //   LayeredRecorder  the record of the operations, as a pycomm group keeps its own.
 #pragma once
 
@@ -82,6 +84,27 @@ int64_t encoded_size(const std::string& codec, int64_t block, int64_t count);
 void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
           at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
           const std::string& codec, int64_t block, Stage stage);
+
+// fold of each pair of segment s of `plain` (Segments(count, parts, unit) of its elements)
+// and slot s of `slots` (bytes, slot s at s * slot_bytes), but `skip` (-1: none):
+// SegmentSlots (device/device_ops.h). `stage` encodes each segment (contributions of
+// `dtype`) into its slot (Encoded, FinalEncoded) or decodes each slot into its segment, in
+// the stage's form (Final, Partial); a codec is needed. On CUDA tensors one kernel launch
+// for every pair, enqueued as fold's.
+void fold_segments(at::Tensor& plain, at::Tensor& slots, int64_t count, int64_t parts, int64_t unit, int64_t skip,
+                   int64_t slot_bytes, at::ScalarType dtype, const c10d::ReduceOp& op, int64_t world_size, bool exact,
+                   const std::string& codec, int64_t block, Stage stage);
+
+// A call's stamp (int64 `words`) written into `dst` (int64, on any device; on CUDA by a
+// kernel enqueued on the current stream, the words its arguments: nothing copied from the
+// host).
+void write_stamp(at::Tensor& dst, const std::vector<int64_t>& words);
+
+// judge_stamps (runtime/device_runtime.h) of `rows` (int64, one stamp per row, the first
+// mine.numel() words of each) against `mine`, row `skip` left out, into `verdict` (int64,
+// kVerdictWords, on the host; page-locked where the stamps are on a CUDA device, which
+// writes it from a kernel enqueued on the current stream).
+void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, at::Tensor& verdict);
 
 // This rank's record of the layered operations on one group, kept by the native path's
 // Recorder and knobs: the counters of pycomm.stats, the flight recorder (PYCOMM_FLIGHT_

@@ -188,10 +188,20 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("host_of"), "Whether the two-level layered variants serve ranks on these hosts (runtime/plan.h).");
   m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));
   m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
-  m.def("encoded_size", &pycomm::encoded_size, py::arg("codec"), py::arg("block"), py::arg("count"));
+  m.def("encoded_size", py::overload_cast<const std::string&, int64_t, int64_t>(&pycomm::encoded_size),
+        py::arg("codec"), py::arg("block"), py::arg("count"));
   m.def("fold", &pycomm::fold, py::arg("out"), py::arg("terms"), py::arg("forms"), py::arg("dtype"), py::arg("count"),
         py::arg("op"), py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("fold_segments", &pycomm::fold_segments, py::arg("plain"), py::arg("slots"), py::arg("count"),
+        py::arg("parts"), py::arg("unit"), py::arg("skip"), py::arg("slot_bytes"), py::arg("dtype"), py::arg("op"),
+        py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("write_stamp", &pycomm::write_stamp, py::arg("dst"), py::arg("words"));
+  m.def("judge_stamps", py::overload_cast<const at::Tensor&, const at::Tensor&, int64_t, at::Tensor&>(
+                            &pycomm::judge_stamps),
+        py::arg("rows"), py::arg("mine"), py::arg("skip"), py::arg("verdict"));
+  m.attr("VERDICT_WORDS") = pycomm::kVerdictWords;
   m.def("add_to_bins", &pycomm::add_to_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("terms"),
         py::arg("empty") = false, py::call_guard<py::gil_scoped_release>());
   m.def("align_bins", &pycomm::align_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("to"),

@@ -5,10 +5,10 @@
 
 namespace pycomm {
 
-void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, const SegmentSlots& pairs,
                   const KernelTarget& target) {
   dispatch_codec(spec.codec, [&](auto code) {
-    launch_coded_for<typename decltype(code)::type>(spec, stage, out, t, n, target);
+    launch_coded_for<typename decltype(code)::type>(spec, stage, out, t, pairs, target);
   });
 }
 

@@ -91,10 +91,14 @@ constexpr size_t kCodeAlign = 4;  // a record's codes start 4 bytes past its 4-a
 // end (its last group may be partial) are loaded as zeros and never stored or measured.
 // Exact mode is a template argument, as in fold_kernels.cuh: its double-precision sums
 // would otherwise set every variant's register count.
+//
+// The launch's y index picks a pair of `pairs` (one term): segment y of the plain operand
+// and slot y of the encoded one, the output being the slot where the stage encodes, else
+// the segment. A fold of its operands whole is one pair at offset 0 (any number of terms).
 template <class T, ReduceKind K, class Code, bool kExact>
 __global__ void __launch_bounds__(kThreads)
-    coded_kernel(void* out, Terms t, size_t n, size_t block, Stage stage, float premul, int world, bool quantize_inputs,
-                 bool vector) {
+    coded_kernel(void* out, Terms t, SegmentSlots pairs, size_t block, Stage stage, float premul, int world,
+                 bool quantize_inputs, bool vector) {
   using C = typename Code::Code;
   __shared__ Scaled<Code> scales[kWarps][kMaxDeviceTerms];
   extern __shared__ __align__(16) float results[];  // kWarps rows of `block`, for an encoded output only
@@ -102,14 +106,21 @@ __global__ void __launch_bounds__(kThreads)
   Scaled<Code>* term_scale = scales[warp];
   const size_t stride = sizeof(float) + block * sizeof(C);
   const size_t warps = static_cast<size_t>(gridDim.x) * kWarps;
-  const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
+  const bool encoded = pairs.encodes(stage);
+  const size_t pair = blockIdx.y;
+  const size_t n = static_cast<int>(pair) == pairs.skip ? 0 : pairs.segments.length(pair);
+  const size_t element = stage == Stage::Partial ? sizeof(float) : sizeof(T);  // the plain operand's form
+  const size_t plain_at = pairs.segments.begin(pair) * element, slot_at = pair * pairs.slot_bytes;
+  out = static_cast<char*>(out) + (encoded ? slot_at : plain_at);
+  const size_t term_at = encoded ? plain_at : slot_at;
+  const auto data = [&](int j) { return static_cast<const char*>(t.data[j]) + term_at; };
   for (size_t b = static_cast<size_t>(blockIdx.x) * kWarps + warp; b * block < n; b += warps) {
     const size_t base = b * block;
     const int m = static_cast<int>(min(block, n - base));
-    const auto record = [&](const void* p) { return static_cast<const char*>(p) + b * stride; };
+    const auto record = [&](const char* p) { return p + b * stride; };
     const auto inputs = [&](int j, int i, float (&v)[V]) {
       T x[V];
-      load_group<kDataAlign<T>>(static_cast<const T*>(t.data[j]) + base, i, m, vector, x);
+      load_group<kDataAlign<T>>(reinterpret_cast<const T*>(data(j)) + base, i, m, vector, x);
 #pragma unroll
       for (int e = 0; e < V; ++e) v[e] = contribution<K>(Numeric<T>::load(x[e]), premul);
     };
@@ -138,10 +149,10 @@ __global__ void __launch_bounds__(kThreads)
           }
           return;
         case Form::Partial:
-          load_group<kDataAlign<float>>(static_cast<const float*>(t.data[j]) + base, i, m, vector, v);
+          load_group<kDataAlign<float>>(reinterpret_cast<const float*>(data(j)) + base, i, m, vector, v);
           return;
         default: {  // every lane loads the scale: no wait between it and the codes
-          const char* r = record(t.data[j]);
+          const char* r = record(data(j));
           C codes[V];
           load_group<kCodeAlign>(reinterpret_cast<const C*>(r + sizeof(float)), i, m, vector, codes);
           const float scale = *reinterpret_cast<const float*>(r);
@@ -237,35 +248,40 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class T, ReduceKind K, class Code, bool kExact>
-void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, const SegmentSlots& pairs,
                   const KernelTarget& target) {
   // Encoding one contribution quantizes it once, in the encoder, as the CPU does.
   const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
-  const size_t blocks = (n + spec.block - 1) / spec.block;
-  const bool encoded = stage == Stage::Encoded || stage == Stage::FinalEncoded;
+  const Segments& seg = pairs.segments;
+  const size_t longest = seg.length(0), blocks = (longest + spec.block - 1) / spec.block;
+  const bool encoded = pairs.encodes(stage);
   const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
-  // Whole groups start aligned in every operand: block % V == 0 keeps each block's first
-  // element (and an encoded record, 4 + block * sizeof(code) bytes long) as aligned as
-  // the operand's start.
+  // Whole groups start aligned in every operand of every pair: block % V == 0 keeps each
+  // block's first element (and an encoded record, 4 + block * sizeof(code) bytes long) as
+  // aligned as the operand's start.
   const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   bool vector = spec.block % V == 0 && aligned(out, encoded ? kCodeAlign : 16);
   for (int j = 0; j < t.k; ++j) vector = vector && aligned(t.data[j], t.form[j] == Form::Encoded ? kCodeAlign : 16);
-  coded_kernel<T, K, Code, kExact><<<grid_for(blocks * 32, target.multiprocessors), kThreads, shared, target.stream>>>(
-      out, t, n, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size, quantize_inputs,
+  vector = vector && pairs.slot_bytes % 16 == 0;
+  const size_t element = stage == Stage::Partial ? sizeof(float) : sizeof(T);
+  for (size_t s = 1; vector && s < seg.parts; ++s) vector = seg.begin(s) * element % 16 == 0;
+  const dim3 grid(grid_for(blocks * 32, target.multiprocessors), static_cast<unsigned>(seg.parts));
+  coded_kernel<T, K, Code, kExact><<<grid, kThreads, shared, target.stream>>>(
+      out, t, pairs, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size, quantize_inputs,
       vector);
 }
 
 }  // namespace coded_kernels
 
 template <class Code>
-void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
+void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, const SegmentSlots& pairs,
                       const KernelTarget& target) {
   dispatch_fold(spec, [&](auto type, auto kind, auto exact) {
     using T = typename decltype(type)::type;
     constexpr ReduceKind K = decltype(kind)::value;
     constexpr bool kExact = decltype(exact)::value;
     if constexpr (std::is_same_v<AccOf<T>, float>) {
-      coded_kernels::launch_typed<T, K, Code, kExact>(spec, stage, out, t, n, target);
+      coded_kernels::launch_typed<T, K, Code, kExact>(spec, stage, out, t, pairs, target);
     } else {
       fail(ErrorKind::Internal, "pycomm: compression of a type that does not accumulate in float32");
     }

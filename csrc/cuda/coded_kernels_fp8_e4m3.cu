@@ -3,6 +3,7 @@
 
 namespace pycomm {
 
-template void launch_coded_for<CodeFp8E4M3>(const ReduceSpec&, Stage, void*, const Terms&, size_t, const KernelTarget&);
+template void launch_coded_for<CodeFp8E4M3>(const ReduceSpec&, Stage, void*, const Terms&, const SegmentSlots&,
+                                         const KernelTarget&);
 
 }  // namespace pycomm

@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_runtime.h"
 #include "cuda/reduce_kernels.h"
+#include "cuda/stamp_kernels.h"
 
 namespace pycomm {
 namespace {
@@ -143,6 +144,13 @@ class CudaSlotArena final : public SlotArena {
 };
 
 class CudaRuntime final : public DeviceRuntime {
+  static KernelTarget target_of(int index, void* stream) {
+    KernelTarget target{static_cast<cudaStream_t>(stream), 0};
+    cuda_check(cudaDeviceGetAttribute(&target.multiprocessors, cudaDevAttrMultiProcessorCount, index),
+               "cudaDeviceGetAttribute");
+    return target;
+  }
+
  public:
   const char* name() const override { return "cuda"; }
   std::unique_ptr<DeviceOps> make_ops(int index) const override { return std::make_unique<CudaOps>(index); }
@@ -153,10 +161,23 @@ class CudaRuntime final : public DeviceRuntime {
                             const Term* terms, int k, size_t n) const override {
     if (n == 0) return;
     CudaDeviceScope scope(index);
-    KernelTarget target{static_cast<cudaStream_t>(stream), 0};
-    cuda_check(cudaDeviceGetAttribute(&target.multiprocessors, cudaDevAttrMultiProcessorCount, index),
-               "cudaDeviceGetAttribute");
-    launch_reduce_terms(spec, stage, out, terms, k, n, target);
+    launch_reduce_terms(spec, stage, out, terms, k, n, target_of(index, stream));
+  }
+  void enqueue_reduce_segments(int index, void* stream, const ReduceSpec& spec, Stage stage, void* plain,
+                               void* slots, const SegmentSlots& pairs) const override {
+    CudaDeviceScope scope(index);
+    launch_reduce_segments(spec, stage, plain, slots, pairs, target_of(index, stream));
+  }
+  void enqueue_write_words(int index, void* stream, int64_t* dst, const int64_t* words, int n) const override {
+    CudaDeviceScope scope(index);
+    launch_write_words(dst, words, n, target_of(index, stream));
+  }
+  void enqueue_judge_stamps(int index, void* stream, const StampTable& table, int64_t* verdict) const override {
+    CudaDeviceScope scope(index);
+    void* mapped = nullptr;
+    cuda_check(cudaHostGetDevicePointer(&mapped, verdict, 0),
+               "cudaHostGetDevicePointer (a verdict is page-locked host memory that the device can write)");
+    launch_judge_stamps(table, static_cast<int64_t*>(mapped), target_of(index, stream));
   }
   std::unique_ptr<DeviceTeam> make_team(int index, const TransportSetup& setup) const override {
     return make_cuda_team(index, make_slot_arena(index), setup);

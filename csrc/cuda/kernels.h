@@ -66,11 +66,13 @@ void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& te
 template <bool kFinal>
 void launch_fold_for(const ReduceSpec& spec, void* out, const Terms& terms, size_t n, const KernelTarget& target);
 // Fold with a codec (coded_kernels.cu); spec.block <= kMaxCodecBlock: launch_coded_for of
-// spec.codec's code format (coded_kernels_<codec>.cu).
-void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
+// spec.codec's code format (coded_kernels_<codec>.cu). One launch folds every pair of
+// `pairs` (SegmentSlots: `out` and the one term are the slotted and the plain operand,
+// as the stage says), or, as the pair {Segments{n, 1, 1}}, `terms` whole into `out`.
+void launch_coded(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, const SegmentSlots& pairs,
                   const KernelTarget& target);
 template <class Code>
-void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, size_t n,
+void launch_coded_for(const ReduceSpec& spec, Stage stage, void* out, const Terms& terms, const SegmentSlots& pairs,
                       const KernelTarget& target);
 
 }  // namespace pycomm

@@ -22,5 +22,8 @@ struct KernelTarget {
 // Enqueues the reduction on the target's stream; the caller synchronizes.
 void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n,
                          const KernelTarget& target);
+// Enqueues DeviceOps::reduce_segments (a codec's step), one launch for every pair.
+void launch_reduce_segments(const ReduceSpec& spec, Stage stage, void* plain, void* slots, const SegmentSlots& pairs,
+                            const KernelTarget& target);
 
 }  // namespace pycomm

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/deadline.h"
+#include "core/segments.h"
 #include "core/types.h"
 
 namespace pycomm {
@@ -42,6 +43,20 @@ enum class Form : uint8_t { Input, Partial, Encoded };
 struct Term {
   const void* data;
   Form form;
+};
+
+// The pairs of a fold over segments (the layered path's codec steps: every segment of a
+// call encoded, or decoded, by one kernel launch): segment s of a plain operand, cut as
+// `segments` cuts it, and slot s of a slotted operand, slot s starting s * slot_bytes in;
+// segment `skip` (-1: none) is left out, its slot untouched. Each pair is a single-term
+// fold: an encoding stage (Encoded, FinalEncoded) folds the segment (a contribution) into
+// its slot, any other stage the slot's encoded values into the segment (in that stage's
+// form: the accumulation type for Partial).
+struct SegmentSlots {
+  Segments segments;
+  size_t slot_bytes = 0;
+  int skip = -1;
+  PYCOMM_HD bool encodes(Stage stage) const { return stage == Stage::Encoded || stage == Stage::FinalEncoded; }
 };
 
 // Contract for transports and algorithms: every call returns once its work is complete
@@ -79,6 +94,21 @@ class DeviceOps {
               size_t n) const {
     const Term terms[2] = {{local, Form::Input}, {incoming, Form::Partial}};
     reduce_terms(spec, stage, out, terms, incoming ? 2 : 1, n);
+  }
+
+  // reduce_terms of every pair of `pairs` (see SegmentSlots), `slots` holding the codec's
+  // encoding (spec.codec is not None).
+  void reduce_segments(const ReduceSpec& spec, Stage stage, void* plain, void* slots, const SegmentSlots& pairs) const {
+    const size_t element = element_size(stage == Stage::Partial ? accumulation_type(spec.dtype) : spec.dtype);
+    for (size_t s = 0; s < pairs.segments.parts; ++s) {
+      const size_t n = pairs.segments.length(s);
+      if (static_cast<int>(s) == pairs.skip || n == 0) continue;
+      char* segment = static_cast<char*>(plain) + pairs.segments.begin(s) * element;
+      char* slot = static_cast<char*>(slots) + s * pairs.slot_bytes;
+      const bool encodes = pairs.encodes(stage);
+      const Term term{encodes ? segment : slot, encodes ? Form::Input : Form::Encoded};
+      reduce_terms(spec, stage, encodes ? slot : segment, &term, 1, n);
+    }
   }
 };
 

@@ -4,12 +4,32 @@
 // registers its runtime when it is loaded (csrc/cuda).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "transport/transport.h"
 #include "device/device_ops.h"
 
 namespace pycomm {
+
+// One call's stamps of the layered path (pycomm/layered/stamps.py), as int64 words: row p
+// (`row_stride` words after row p - 1) holds rank p's stamp in its first `words` words,
+// `mine` this rank's; row `skip` (-1: none) is not compared.
+struct StampTable {
+  const int64_t* rows = nullptr;
+  size_t count = 0, row_stride = 0;
+  const int64_t* mine = nullptr;
+  int words = 0, skip = -1;
+};
+// The verdict on stamps: kVerdictWords int64 words, all 0 until a disagreement is found.
+// judge_stamps, where verdict[0] is 0 and some row p != skip differs from `mine`, writes
+// the first difference in row order, (p, f) the first of row p: {1, p, f, rows[p][f],
+// mine[f], mine[1], mine[2]} (mine[1], mine[2]: the call's sequence number and collective).
+// A verdict once written stays: the first disagreement is the one reported.
+constexpr int kVerdictWords = 7;
+// At most this many words of a stamp.
+constexpr int kMaxStampWords = 16;
+void judge_stamps(const StampTable& table, int64_t* verdict);
 
 class DeviceRuntime {
  public:
@@ -24,6 +44,15 @@ class DeviceRuntime {
   // their work by the stream, as the layered path does between the mover's collectives.
   virtual void enqueue_reduce_terms(int index, void* stream, const ReduceSpec& spec, Stage stage, void* out,
                                     const Term* terms, int k, size_t n) const = 0;
+  // DeviceOps::reduce_segments, enqueued likewise: one kernel launch for every pair.
+  virtual void enqueue_reduce_segments(int index, void* stream, const ReduceSpec& spec, Stage stage, void* plain,
+                                       void* slots, const SegmentSlots& pairs) const = 0;
+  // The layered path's stamps, enqueued likewise, nothing copied from the host: `n` words
+  // (at most kMaxStampWords, passed to the kernel as its arguments) written to `dst`, in
+  // device memory; judge_stamps of a table in device memory, `verdict` in page-locked host
+  // memory that the device writes and the host reads without waiting for the stream.
+  virtual void enqueue_write_words(int index, void* stream, int64_t* dst, const int64_t* words, int n) const = 0;
+  virtual void enqueue_judge_stamps(int index, void* stream, const StampTable& table, int64_t* verdict) const = 0;
   // Slot payloads in device `index`'s memory, mappable by processes of this host.
   virtual std::unique_ptr<SlotArena> make_slot_arena(int index) const = 0;
   // This rank's member of a team of the whole group on device `index`, made by every
