@@ -224,10 +224,10 @@ def test_layered_plan():
     from pycomm import _C
 
     def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False,
-             core_share=1.0, collective="allreduce", pairwise_mover=False):
+             core_share=1.0, collective="allreduce", pairwise_mover=False, oneshot_capacity=0):
         options = _C.layered_options(collective, torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
         return _C.layered_plan(collective, torch.float32, count, options, host_of, (0.0, 0.0), across, core_share,
-                               cuda, pairwise_mover)
+                               cuda, pairwise_mover, oneshot_capacity)
 
     one_host, two_hosts, three_hosts = [0] * 4, [0, 0, 1, 1], [0, 0, 1, 1, 2, 2]
     gbit = (100.0, 125.0)  # a 1 Gbit/s link between hosts, 100 us
@@ -272,6 +272,23 @@ def test_layered_plan():
         assert plan(1 << 20, one_host, collective=collective, pairwise_mover=True, cuda=True).variant == \
             "layered-direct"
     assert plan(1 << 20, [0], pairwise_mover=True).variant == "layered-direct"  # no peer to send to
+    # A call whose data fits the opening all-gather runs in it, in one shot, on any memory,
+    # unless the direct algorithm is asked for; its data: an all-reduce's or all-gather's
+    # input, a reduce-scatter's every segment (encoded, each in a slot of 16-byte multiples).
+    fits = 1000 * 4
+    for cuda in (False, True):
+        assert plan(1000, one_host, codec="none", oneshot_capacity=fits, cuda=cuda).variant == "layered-oneshot"
+        assert plan(1001, one_host, codec="none", oneshot_capacity=fits, cuda=cuda).variant != "layered-oneshot"
+    assert plan(1000, one_host, codec="none", oneshot_capacity=fits, algorithm="twoshot").variant == "layered-direct"
+    assert plan(1000, [0], codec="none", oneshot_capacity=fits).variant == "layered-direct"  # no opening at 1 rank
+    coded = _C.encoded_size("fp8_e4m3", _C.default_compression_block(), 1000)
+    assert plan(1000, one_host, oneshot_capacity=coded).variant == "layered-oneshot"
+    assert plan(1000, one_host, oneshot_capacity=coded - 1).variant == "layered-direct"
+    segments = 4 * -(-_C.encoded_size("fp8_e4m3", _C.default_compression_block(), 250) // 16) * 16
+    assert plan(1000, one_host, collective="reduce_scatter", oneshot_capacity=segments).variant == "layered-oneshot"
+    assert plan(1000, one_host, collective="reduce_scatter", oneshot_capacity=segments - 1).variant != \
+        "layered-oneshot"
+    assert "oneshot cannot serve this call" in plan(2000, one_host, oneshot_capacity=coded, algorithm="oneshot").fallback
 
 
 # The exact sums of the sliced test on Triton's interpreter (about 2 s a case at 9 ranks):
@@ -381,8 +398,8 @@ def test_work_stats_and_log_line():
     logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
     assert f"allreduce #1 (float32, sum, 1000 elements, {OVER_GLOO}, bf16/" in logs[0][0]
     assert f"4000 B, algorithm {OVER_GLOO} over gloo, compression bf16, determinism exact" in logs[0][0]
-    assert "ring is not an algorithm of the layered path (twoshot, hierarchical, auto), 4000 B, algorithm " \
-           f"{OVER_GLOO} over gloo" in logs[0][1], logs[0][1]
+    assert "ring is not an algorithm of the layered path (oneshot, twoshot, hierarchical, auto), 4000 B, " \
+           f"algorithm {OVER_GLOO} over gloo" in logs[0][1], logs[0][1]
     assert "layered-direct" not in logs[1][0] + logs[1][1]  # INFO: rank 0 logs each operation
 
 

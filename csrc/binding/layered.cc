@@ -72,9 +72,9 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
 LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
                          const LayeredOptions& options, const std::vector<int>& host_of,
                          std::pair<double, double> within, std::pair<double, double> across, double core_share,
-                         bool device_memory, bool pairwise_mover) {
-  TORCH_CHECK_VALUE(count >= 0 && !host_of.empty(), "pycomm: layered_plan of ", count, " elements over ",
-                    host_of.size(), " ranks");
+                         bool device_memory, bool pairwise_mover, int64_t oneshot_capacity) {
+  TORCH_CHECK_VALUE(count >= 0 && !host_of.empty() && oneshot_capacity >= 0, "pycomm: layered_plan of ", count,
+                    " elements over ", host_of.size(), " ranks, one-shot in ", oneshot_capacity, " bytes");
   return guard([&] {
     const Topology topology = Topology::from_node_of(host_of);
     LayeredPlanInput in;
@@ -95,6 +95,7 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
     if (core_share > 0) in.costs.core_share = core_share;
     in.device_memory = device_memory;
     in.pairwise_mover = pairwise_mover;
+    in.oneshot_capacity = static_cast<size_t>(oneshot_capacity);
     return plan_layered(in);
   });
 }

@@ -49,11 +49,11 @@ LayeredOptions layered_options(const std::string& collective, at::ScalarType dty
 // memory or not; `within` and `across` the measured (latency_us, bytes_per_us) of the
 // mover within a host (per rank) and of a link between hosts ((0, 0): the plan's
 // default), `core_share` the share of a core each rank has (see MoverCosts);
-// `pairwise_mover`: see LayeredPlanInput.
+// `pairwise_mover` and `oneshot_capacity`: see LayeredPlanInput.
 LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, int64_t count,
                          const LayeredOptions& options, const std::vector<int>& host_of,
                          std::pair<double, double> within, std::pair<double, double> across, double core_share,
-                         bool device_memory, bool pairwise_mover);
+                         bool device_memory, bool pairwise_mover, int64_t oneshot_capacity);
 
 // Which host each of `keys` (one per rank, e.g. pycomm.host_key()'s) is on: ranks with
 // equal keys share a host, hosts numbered in order of first appearance; with

@@ -180,7 +180,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("layered_plan", &pycomm::layered_plan, py::arg("collective"), py::arg("dtype"), py::arg("count"),
         py::arg("options"), py::arg("host_of"), py::arg("within") = std::make_pair(0.0, 0.0),
         py::arg("across") = std::make_pair(0.0, 0.0), py::arg("core_share") = 1.0, py::arg("device_memory") = false,
-        py::arg("pairwise_mover") = false);
+        py::arg("pairwise_mover") = false, py::arg("oneshot_capacity") = 0);
   m.def("host_key", &pycomm::host_key);
   m.def("hosts_of", &pycomm::hosts_of, py::arg("keys"));
   m.def("hosts_in_blocks", [](const std::vector<int>& host_of) {

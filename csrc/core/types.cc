@@ -70,7 +70,8 @@ const EnumTable<Variant>& table_of<Variant>() {
       {Variant::LayeredDirect, "layered-direct"},
       {Variant::LayeredPairwise, "layered-pairwise"},
       {Variant::LayeredDirectHostGather, "layered-direct+host-gather"},
-      {Variant::LayeredHierarchical, "layered-hierarchical"}, {Variant::P2PViaHost, "p2p-via-host"}}};
+      {Variant::LayeredHierarchical, "layered-hierarchical"}, {Variant::LayeredOneShot, "layered-oneshot"},
+      {Variant::P2PViaHost, "p2p-via-host"}}};
   return t;
 }
 

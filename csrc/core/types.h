@@ -110,8 +110,9 @@ enum class Variant : uint8_t {
   Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
   // pycomm's reductions over a group of another backend (pycomm/layered/): its direct
   // algorithm, the same with every transfer a pairwise send, or with its results gathered
-  // across hosts then within them, and its hierarchical one (within hosts, then across them).
-  LayeredDirect, LayeredPairwise, LayeredDirectHostGather, LayeredHierarchical,
+  // across hosts then within them, its hierarchical one (within hosts, then across them),
+  // and its one-shot (every rank's whole data in the all-gather each call opens with).
+  LayeredDirect, LayeredPairwise, LayeredDirectHostGather, LayeredHierarchical, LayeredOneShot,
   P2PViaHost,
 };
 

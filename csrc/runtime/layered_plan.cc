@@ -2,6 +2,7 @@
 #include "runtime/layered_plan.h"
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -140,7 +141,34 @@ LayeredPlan cheapest(const std::vector<LayeredPlan>& candidates, bool direct_onl
 
 }  // namespace
 
+size_t oneshot_bytes(const LayeredPlanInput& in) {
+  const bool coded = in.options.compression != Compression::None;
+  const auto wire = [&](size_t count) {
+    return coded ? encoded_bytes(in.options.compression, in.options.compression_block, count)
+                 : count * element_size(in.dtype);
+  };
+  if (in.collective != Collective::ReduceScatter || !coded) return wire(in.count);
+  const size_t n = static_cast<size_t>(in.topology->world());
+  return n * ceil_div(wire(in.count / n), 16) * 16;
+}
+
 LayeredPlan plan_layered(const LayeredPlanInput& in) {
+  const Algorithm asked = in.options.algorithm;
+  const bool of_the_path = asked == Algorithm::Auto || asked == Algorithm::OneShot || asked == Algorithm::TwoShot ||
+                           asked == Algorithm::Hierarchical;
+  const std::string not_of_the_path =
+      of_the_path ? "" : std::string(name_of(asked)) +
+                             " is not an algorithm of the layered path (oneshot, twoshot, hierarchical, auto)";
+  // One collective, the opening all-gather every call makes anyway: cheaper than any other
+  // variant's two or more, and the same bits as the direct ones.
+  if (in.topology->world() > 1 && oneshot_bytes(in) <= in.oneshot_capacity && asked != Algorithm::TwoShot &&
+      asked != Algorithm::Hierarchical) {
+    LayeredPlan p;
+    p.variant = Variant::LayeredOneShot;
+    p.predicted_us = in.costs.collective_us;
+    p.fallback = not_of_the_path;
+    return p;
+  }
   std::string why;
   const bool hierarchical_ok = layered_hierarchical_applies(in, &why);
   const std::vector<LayeredPlan> candidates =
@@ -151,11 +179,18 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
       hierarchical_ok && cheapest(layered_candidates(in, in.costs.links, true), false).variant ==
                              Variant::LayeredHierarchical;
   LayeredPlan chosen;
-  switch (in.options.algorithm) {
+  switch (asked) {
     case Algorithm::Auto:
       return hierarchical_by_reference ? candidates.back() : cheapest(candidates, true);
     case Algorithm::TwoShot:
       return cheapest(candidates, true);
+    case Algorithm::OneShot:
+      chosen = cheapest(candidates, true);
+      chosen.fallback = "oneshot cannot serve this call (" +
+                        (in.topology->world() > 1 ? "its data does not fit the opening's " +
+                                                        std::to_string(in.oneshot_capacity) + " bytes"
+                                                  : std::string("one rank opens with nothing")) + ")";
+      return chosen;
     case Algorithm::Hierarchical:
       if (hierarchical_ok) return candidates.back();
       chosen = cheapest(candidates, true);
@@ -163,8 +198,7 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
       return chosen;
     default:
       chosen = hierarchical_by_reference ? candidates.back() : cheapest(candidates, true);
-      chosen.fallback = std::string(name_of(in.options.algorithm)) +
-                        " is not an algorithm of the layered path (twoshot, hierarchical, auto)";
+      chosen.fallback = not_of_the_path;
       return chosen;
   }
 }

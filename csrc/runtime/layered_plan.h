@@ -29,6 +29,11 @@ namespace pycomm {
 //     Its bits are the native hierarchical's, so it runs where that one does (several
 //     hosts of equal rank counts, mode 0) and where the fold orders agree: coded calls
 //     (the native one folds the host partials in host order then too), or 2 hosts.
+// Every call opens with one all-gather of a fixed size (its stamp: pycomm/layered/
+// stamps.py); where the call's whole data fits in it after the stamp, it runs as
+//   layered-oneshot: every rank's data gathered to every rank in that all-gather, and each
+//     rank's fold of every element (of its own segment, for a reduce-scatter): the bits of
+//     the direct algorithm, which folds each element's terms alike, and no collective more.
 // A large call runs in parts, pipelined: while the mover carries one part, this rank
 // encodes, folds and decodes others.
 
@@ -56,6 +61,9 @@ struct LayeredPlanInput {
   std::optional<LinkCosts> measured_links;
   bool device_memory = false;  // CUDA tensors: every step is enqueued on one stream, nothing overlaps
   bool pairwise_mover = false;  // the mover's sends carry the direct steps with fewer copies (gloo; host memory)
+  // The data one rank's message of the opening all-gather carries after its stamp, in
+  // bytes (0: none): a call whose data fits runs as layered-oneshot (oneshot_bytes).
+  size_t oneshot_capacity = 0;
 };
 
 struct LayeredPlan {
@@ -66,6 +74,11 @@ struct LayeredPlan {
 };
 
 LayeredPlan plan_layered(const LayeredPlanInput& in);
+
+// The bytes of one rank's data in a one-shot call: an all-reduce's or all-gather's input,
+// a reduce-scatter's every segment, raw or encoded (a reduce-scatter's segments each from
+// its first element, in slots of a multiple of 16 bytes).
+size_t oneshot_bytes(const LayeredPlanInput& in);
 
 // Hosts the two-level layered variants serve: several, of L >= 2 ranks each, numbered
 // host by host (the mover's subgroups of a host and of a local index are then ranges and

@@ -865,10 +865,10 @@ std::vector<FrameCase> frame_cases() {
       {"collective 255", with([](FrameHeader& h) { h.op.collective = 255; }), K::Mismatch, "collective 255"},
       {"dtype 9 (out of range)", with([](FrameHeader& h) { h.op.dtype = 9; }), K::Mismatch, "dtype 9"},
       {"reduce op 200", with([](FrameHeader& h) { h.op.reduce = 200; }), K::Mismatch, "reduce op 200"},
-      {"variant 20 (out of range: past P2PViaHost, the last)", with([](FrameHeader& h) {
-         static_assert(static_cast<int>(Variant::P2PViaHost) == 19, "the first variant out of range moved");
-         h.op.variant = 20;
-       }), K::Mismatch, "variant 20"},
+      {"variant 21 (out of range: past P2PViaHost, the last)", with([](FrameHeader& h) {
+         static_assert(static_cast<int>(Variant::P2PViaHost) == 20, "the first variant out of range moved");
+         h.op.variant = 21;
+       }), K::Mismatch, "variant 21"},
       {"root -1", with([](FrameHeader& h) { h.op.root = -1; }), K::Mismatch, "ranks called different"},
       {"root INT_MIN", with([](FrameHeader& h) { h.op.root = INT_MIN; }), K::Mismatch, "ranks called different"},
       {"compression 5 (out of range)", with([](FrameHeader& h) { h.op.compression = 5; }), K::Mismatch,
