@@ -251,11 +251,11 @@ def _block(block):
 
 def _triton_fold(tensor):
     """The Triton kernels' fold where ``tensor`` is a CUDA tensor that takes them
-    (PYCOMM_KERNELS, or a build without CUDA kernels), else None."""
+    (PYCOMM_KERNELS, read at each call, or a build without CUDA kernels), else None."""
     if not tensor.is_cuda:
         return None
-    fold = layered.kernels_for(tensor.device)
-    return None if fold is _C.fold else fold
+    kernels = layered.kernels_for(tensor.device, _C.LayeredConfig().kernels())
+    return None if kernels is _C else kernels.fold
 
 
 def encode(tensor, codec, block=None, out=None):

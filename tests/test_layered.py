@@ -7,6 +7,7 @@ call with its error wrapped."""
 import hashlib
 import json
 import os
+import re
 import signal
 import time
 
@@ -17,8 +18,10 @@ import torch.distributed as dist
 from _harness import capture_stderr, group_timeout, run_world, world_marks
 
 CODECS = [None, "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
-# The layered all-reduce on one host over gloo, whose all-to-all gathers faster than its all-gather.
-OVER_GLOO = "layered-pairwise"
+# The layered all-reduce on one host over gloo: a call whose data fits the opening all-gather of
+# every call (pycomm/layered/stamps.py) in one shot, a larger one pairwise (gloo's sends copy less
+# than its all-to-all and all-gather).
+ONE_SHOT, OVER_GLOO = "layered-oneshot", "layered-pairwise"
 MODES = [True, "exact"]
 SMALL = [0, 1, 7, 1001]
 
@@ -225,7 +228,8 @@ def test_layered_plan():
 
     def plan(count, host_of, codec="fp8_e4m3", across=(0.0, 0.0), algorithm="auto", determinism="0", cuda=False,
              core_share=1.0, collective="allreduce", pairwise_mover=False, oneshot_capacity=0):
-        options = _C.layered_options(collective, torch.float32, dist.ReduceOp.SUM, algorithm, codec, determinism)
+        options = _C.LayeredConfig().options(collective, torch.float32, dist.ReduceOp.SUM, algorithm, codec,
+                                             determinism)
         return _C.layered_plan(collective, torch.float32, count, options, host_of, (0.0, 0.0), across, core_share,
                                cuda, pairwise_mover, oneshot_capacity)
 
@@ -303,11 +307,13 @@ def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
     bits of one fold. Exact mode's sums, which cannot be sliced, run on the Triton kernel
     instead: where ``exact_on_triton`` (interpreted here, so a few cases: SUM and AVG of
     TRITON_EXACT_CASES) the same bits too. That world runs the uncoded and fp8 cases only:
-    a codec changes the terms, not their slicing."""
-    from pycomm.layered import call  # whose _Call reads terms_per_fold
+    a codec changes the terms, not their slicing. The sliced calls run on a group of their
+    own: a group's kind of call reads terms_per_fold once, at its first call."""
+    from pycomm.layered import layout  # whose _Layout reads terms_per_fold
 
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
-    whole_fold = call.terms_per_fold
+    sliced_gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    whole_fold = layout.terms_per_fold
     differ = []
     for i, (collective, dtype, op, count, codec, mode) in enumerate(cases_for(ws, sizes)):
         if exact_on_triton and codec not in (None, "fp8_e4m3"):
@@ -318,11 +324,11 @@ def sliced_folds_world(rank, ws, width, sizes, exact_on_triton):
             continue
         x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
         whole = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
-        call.terms_per_fold = lambda kernel, device: width
+        layout.terms_per_fold = lambda kernels, device: width
         try:
-            sliced = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
+            sliced = _outcome(lambda: _run(collective, sliced_gloo, x, _op(op), codec, mode, ws))
         finally:
-            call.terms_per_fold = whole_fold
+            layout.terms_per_fold = whole_fold
         if not (whole[0] == sliced[0] == "ok" and torch.equal(whole[1], sliced[1])):
             differ.append((collective, str(dtype), op, count, codec, mode, str(whole)[:200], str(sliced)[:200]))
     return differ
@@ -378,29 +384,29 @@ def observability_world(rank, ws):
 
     work, log = capture_stderr(call)
     assert work.is_completed()
-    assert work.algorithm == f"{OVER_GLOO} over gloo", work.algorithm
+    assert work.algorithm == f"{ONE_SHOT} over gloo", work.algorithm
     assert (work.compression, work.determinism) == ("bf16", "exact")
     assert torch.equal(work.get_future().wait()[0], torch.full((1000,), float(ws)))
     # A family the layered path has not: the plan's choice runs, and the line says why.
     _, fallback = capture_stderr(lambda: pycomm.all_reduce(t, group=gloo, algorithm="ring"))
     stats = pycomm.stats(gloo)  # kept as a pycomm group keeps its own
-    counters = stats["collectives"]["allreduce"][OVER_GLOO]
+    counters = stats["collectives"]["allreduce"][ONE_SHOT]
     assert (counters["calls"], counters["failures"], counters["bytes"]) == (2, 0, 8000), counters
     assert stats["mover"] == "gloo" and stats["last"]["state"] == "completed", stats
     entries = pycomm.flight_recorder(gloo)["entries"]
     assert [(e["collective"], e["algorithm"], e["compression"], e["determinism"], e["state"]) for e in entries] == [
-        ("allreduce", OVER_GLOO, "bf16", "exact", "completed"),
-        ("allreduce", OVER_GLOO, "none", "0", "completed")], entries
+        ("allreduce", ONE_SHOT, "bf16", "exact", "completed"),
+        ("allreduce", ONE_SHOT, "none", "0", "completed")], entries
     return log, fallback
 
 
 def test_work_stats_and_log_line():
     logs = run_world(observability_world, 2, env={"PYCOMM_DEBUG": "INFO"}, timeout=90)
-    assert f"allreduce #1 (float32, sum, 1000 elements, {OVER_GLOO}, bf16/" in logs[0][0]
-    assert f"4000 B, algorithm {OVER_GLOO} over gloo, compression bf16, determinism exact" in logs[0][0]
+    assert f"allreduce #1 (float32, sum, 1000 elements, {ONE_SHOT}, bf16/" in logs[0][0]
+    assert f"4000 B, algorithm {ONE_SHOT} over gloo, compression bf16, determinism exact" in logs[0][0]
     assert "ring is not an algorithm of the layered path (oneshot, twoshot, hierarchical, auto), 4000 B, " \
-           f"algorithm {OVER_GLOO} over gloo" in logs[0][1], logs[0][1]
-    assert "layered-direct" not in logs[1][0] + logs[1][1]  # INFO: rank 0 logs each operation
+           f"algorithm {ONE_SHOT} over gloo" in logs[0][1], logs[0][1]
+    assert ONE_SHOT not in logs[1][0] + logs[1][1]  # INFO: rank 0 logs each operation
 
 
 def mover_fails_world(rank, ws, how):
@@ -442,41 +448,18 @@ def test_a_failing_mover_fails_the_call_with_its_error_wrapped(how):
         assert failures == 1
 
 
-# What each rank passes where the ranks disagree, and the field each error must name:
-# (rank 0's, the others'), rank 0's value and the others' as they read in the message.
+# What each rank passes where the ranks disagree, and the field its error names: (rank 0's,
+# the others'), a count added to the call's size. Every kind of call starts with the same
+# opening all-gather, whatever it is (pycomm/layered/stamps.py), so any two can meet there.
 DISAGREEMENTS = {
-    "compression": ({"compression": "fp8_e4m3"}, {"compression": "fp8_e5m2"}, "fp8_e4m3", "fp8_e5m2"),
-    "determinism": ({"deterministic": "exact"}, {"deterministic": 1}, "exact", "1"),
-    "count": ({"count": 1001}, {"count": 1000}, "1001", "1000"),
-    "dtype": ({"dtype": torch.float64}, {"dtype": torch.float32}, "float64", "float32"),
+    "compression": ({"compression": "fp8_e4m3"}, {"compression": "fp8_e5m2"}),
+    "determinism": ({"deterministic": "exact"}, {"deterministic": 1}),
+    "count": ({"count": 1}, {"count": 0}),
+    "dtype": ({"dtype": torch.float64}, {"dtype": torch.float32}),
 }
-
-
-def disagreeing_world(rank, ws, collective):
-    """For each field in turn, rank 0 calls the collective with another value of it than
-    the others (the error, and how long it took); then every rank makes the same call,
-    which must still work (its result's sum)."""
-    import pycomm
-
-    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
-
-    def call(n, dtype, **kw):
-        x = torch.ones(n * (ws if collective == "reduce_scatter" else 1), dtype=dtype)
-        return _run(collective, gloo, x, dist.ReduceOp.SUM, kw.get("compression"), kw.get("deterministic", True), ws)
-
-    out = {}
-    for field in fields_for(collective):
-        theirs = dict(DISAGREEMENTS[field][0 if rank == 0 else 1])
-        count, dtype = theirs.pop("count", 1000), theirs.pop("dtype", torch.float32)
-        started = time.monotonic()
-        try:
-            call(count, dtype, **theirs)
-            error = None
-        except dist.DistBackendError as e:
-            error = str(e)
-        took = time.monotonic() - started
-        out[field] = error, took, call(1000, torch.float32).sum().item()
-    return out
+# Sizes of calls: one that runs in one shot (its data in the opening, at 2 and 4 ranks but
+# for a reduce-scatter at 4), one that runs pairwise.
+SIZES = (1000, 1 << 15)
 
 
 def fields_for(collective):
@@ -484,25 +467,79 @@ def fields_for(collective):
     return [f for f in sorted(DISAGREEMENTS) if not (collective == "allgather" and f == "determinism")]
 
 
+def disagreeing_world(rank, ws, collective):
+    """For each size and field: rank 0 calls the collective with another value of the field
+    than the others, kinds of call no rank made before ("new"); then every rank makes both
+    kinds, each rank's layout of both made and their stamps agreed, and rank 0 and the
+    others disagree again on them ("agreed"); after each disagreement every rank makes the
+    same call, which must work. Last, rank 0's call runs in one shot and the others' pairwise
+    ("one shot against pairwise"). Returns, by case: the disagreeing call's sequence number,
+    its error, how long it took, and the sum of the call after it."""
+    import pycomm
+
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    made = [0]  # calls made on the group: a call's sequence number is one more
+
+    def call(count, dtype=torch.float32, compression=None, deterministic=True):
+        made[0] += 1
+        x = torch.ones(count * (ws if collective == "reduce_scatter" else 1), dtype=dtype)
+        return _run(collective, gloo, x, dist.ReduceOp.SUM, compression, deterministic, ws)
+
+    def disagreement(mine):
+        seq, started = made[0] + 1, time.monotonic()
+        try:
+            call(**mine)
+            error = None
+        except dist.DistBackendError as e:
+            error = str(e)
+        return seq, error, time.monotonic() - started, call(1000).sum().item()
+
+    def kind(size, field, side):
+        passed = dict(DISAGREEMENTS[field][side])
+        return dict(passed, count=size + passed.get("count", 0))
+
+    out = {}
+    for size in SIZES:
+        for field in fields_for(collective):
+            both = [kind(size, field, 0), kind(size, field, 1)]
+            out[(size, field, "new")] = disagreement(both[rank != 0])
+            call(**both[0])
+            call(**both[1])
+            out[(size, field, "agreed")] = disagreement(both[rank != 0])
+    out["one shot against pairwise"] = disagreement({"count": SIZES[rank != 0]})
+    return out
+
+
+def _shown(field, passed, size, scale):
+    """A field's value as a disagreement's message shows it, where a rank passed ``passed``."""
+    if field == "count":
+        return str((size + passed.get("count", 0)) * scale)
+    return str(passed["deterministic" if field == "determinism" else field]).replace("torch.", "")
+
+
+@pytest.mark.parametrize("ws", [2, 4])
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
-def test_ranks_that_disagree_fail_on_every_rank(collective):
-    ws = 3
-    results = run_world(disagreeing_world, ws, args=(collective,), timeout=120)
+def test_ranks_that_disagree_fail_on_every_rank(collective, ws):
+    # Each rank sees every other's stamp: each fails at once, naming what differs, with
+    # nothing pending on the mover (the next call works), whether the kinds of call are
+    # new or every rank has agreed on both before.
+    results = run_world(disagreeing_world, ws, args=(collective,), timeout=180)
+    scale = ws if collective == "reduce_scatter" else 1  # a reduce-scatter's count is its input's
     for rank, outcomes in enumerate(results):
-        for seq, field in enumerate(fields_for(collective)):
-            error, took, after = outcomes[field]
-            assert error is not None, f"rank {rank}: the call with another {field} succeeded"
-            _, _, zero, others = DISAGREEMENTS[field]  # as rank 0 and the others pass them
-            mine, peer, theirs = (zero, 1, others) if rank == 0 else (others, 0, zero)
-            algorithm = OVER_GLOO
-            assert f"#{2 * seq + 1} ({algorithm} over gloo) on group" in error, error
-            assert f"failed on rank {rank}: " in error, error
-            if field == "count" and collective == "reduce_scatter":  # its count is the input's
-                mine, theirs = str(int(mine) * ws), str(int(theirs) * ws)
+        for case, (seq, error, took, after) in outcomes.items():
+            assert error is not None, f"rank {rank}: the call that disagreed on {case} succeeded"
+            assert re.search(rf"{collective} #{seq} \(layered-(oneshot|pairwise) over gloo\) on group '\d+' "
+                             rf"failed on rank {rank}: ", error), error
+            if case == "one shot against pairwise":
+                field, values = "count", [str(size * scale) for size in SIZES]
+            else:
+                size, field, _ = case
+                values = [_shown(field, passed, size, scale) for passed in DISAGREEMENTS[field]]
+            mine, peer, theirs = (values[0], 1, values[1]) if rank == 0 else (values[1], 0, values[0])
             assert f"rank {peer} called it with {field} {theirs} where this rank has {mine}: ranks called " \
-                "different collectives or arguments" in error, error
-            assert took < 30, f"rank {rank} took {took:.1f} s to fail on {field}"
-            assert after == 1000 * ws, (field, after)
+                "different collectives or arguments" in error, (case, error)
+            assert took < 10, f"rank {rank} took {took:.1f} s to fail on {case}"
+            assert after == 1000 * ws, (case, after)
 
 
 def overlap_world(rank, ws):

@@ -389,9 +389,9 @@ def layered_on_triton_world(rank, ws):
     """The layered path over gloo with the Triton kernels (interpreted) in place of the
     CPU ops: the native path's bits."""
     import pycomm
-    from pycomm.layered import call  # whose _Call reads kernels_for
+    from pycomm.layered import layout  # whose _Layout reads kernels_for
 
-    call.kernels_for = lambda device: triton_kernels.fold
+    layout.kernels_for = lambda device, choice: triton_kernels
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     problems = []
     for i, (dtype, codec, mode) in enumerate([(torch.float32, None, "exact"), (torch.bfloat16, "fp8_e4m3", True),

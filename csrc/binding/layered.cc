@@ -51,12 +51,14 @@ void check_operand(const at::Tensor& t, const at::Device& device, size_t bytes, 
 
 }  // namespace
 
-LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
-                               const std::string& algorithm, const std::string& compression,
-                               const std::string& determinism) {
+LayeredConfig::LayeredConfig() : config_(guard([] { return Config::from_env(); })) {}
+
+LayeredOptions LayeredConfig::options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
+                                      const std::string& algorithm, const std::string& compression,
+                                      const std::string& determinism) const {
   const Collective c = parse_layered_collective(collective);
   return guard([&] {
-    const Config config = Config::from_env();
+    const Config& config = config_;
     CallOptions o = config.options_for(c);
     if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
     if (!compression.empty()) o.compression = parse<Compression>(compression);
@@ -100,8 +102,8 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
   });
 }
 
-std::vector<int> hosts_of(const std::vector<std::string>& keys) {
-  const int per_host = guard([] { return Config::from_env().ranks_per_node; });
+std::vector<int> LayeredConfig::hosts_of(const std::vector<std::string>& keys) const {
+  const int per_host = config_.ranks_per_node;
   std::map<std::string, int> numbered;
   std::vector<int> host_of;
   for (size_t r = 0; r < keys.size(); ++r)
@@ -110,9 +112,7 @@ std::vector<int> hosts_of(const std::vector<std::string>& keys) {
   return host_of;
 }
 
-std::string kernel_choice() {
-  return guard([] { return std::string(name_of(Config::from_env().kernels)); });
-}
+std::string LayeredConfig::kernels() const { return name_of(config_.kernels); }
 
 std::tuple<std::string, double> reduction_of(const c10d::ReduceOp& op, at::ScalarType dtype) {
   return guard([&] {
@@ -276,15 +276,16 @@ void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, 
   });
 }
 
-LayeredRecorder::LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover)
-    : config_(guard([] { return Config::from_env(); })),
+LayeredRecorder::LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover,
+                                 const LayeredConfig& config)
+    : config_(config.config()),
       who_{group, static_cast<int>(rank), static_cast<int>(size)},
       mover_(mover),
       recorder_(config_.flight_recorder_entries) {}
 
-int64_t LayeredRecorder::begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
-                               const c10d::ReduceOp& op, const LayeredOptions& options, const LayeredPlan& plan,
-                               int64_t bytes, int64_t device) {
+LayeredKind LayeredRecorder::kind(const std::string& collective, at::ScalarType dtype, int64_t count,
+                                  const c10d::ReduceOp& op, const LayeredOptions& options, const LayeredPlan& plan,
+                                  int64_t bytes, int64_t device) const {
   OpStamp s;
   guard([&] {
     const Collective c = parse_layered_collective(collective);
@@ -295,21 +296,26 @@ int64_t LayeredRecorder::begin(const std::string& collective, int64_t seq, at::S
     s.compression = static_cast<uint8_t>(parse<Compression>(options.codec));
     s.determinism = static_cast<uint8_t>(parse<Determinism>(options.determinism));
   });
-  s.seq = static_cast<uint64_t>(seq);
   s.count = static_cast<uint64_t>(count);
   s.variant = static_cast<uint8_t>(plan.variant);
   if (s.compression)
     while ((int64_t{1} << s.compression_block) < options.block) ++s.compression_block;
+  return LayeredKind{s, bytes, static_cast<int>(device), plan.fallback};
+}
+
+int64_t LayeredRecorder::begin(const LayeredKind& kind, int64_t seq) {
+  LayeredKind op = kind;
+  op.stamp.seq = static_cast<uint64_t>(seq);
   const auto id = static_cast<int64_t>(
-      recorder_.begin(s, static_cast<uint64_t>(bytes), static_cast<int>(device), std::chrono::steady_clock::now()));
+      recorder_.begin(op.stamp, static_cast<uint64_t>(op.bytes), op.device, std::chrono::steady_clock::now()));
   std::lock_guard<std::mutex> lock(mutex_);
-  running_[id] = {s, bytes, plan.fallback};
+  running_.emplace(id, std::move(op));
   return id;
 }
 
 void LayeredRecorder::completed(int64_t id) {
   const double us = recorder_.end(static_cast<uint64_t>(id));
-  Running op;
+  LayeredKind op;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     op = running_.at(id);

@@ -2,7 +2,8 @@
 // reduce-scatter and all-gather over a group whose backend is not pycomm (nccl, gloo,
 // mpi, ...), that group only moving bytes. Each step is the native path's own definition,
 // so both paths give the same bits:
-//   layered_options  the options a call runs with, by the native path's rules;
+//   LayeredConfig    the knobs a group's calls read, read once: the options a call runs
+//                    with, by the native path's rules; the kernels; the ranks' hosts;
 //   layered_plan     which layered algorithm runs it, in how many parts (runtime/layered_plan.h);
 //   segment_begins   how a buffer splits over the ranks (Segments, core/segments.h);
 //   fold             DeviceOps::reduce_terms on tensors, on their device;
@@ -38,11 +39,28 @@ struct LayeredOptions {
   std::string determinism;  // "0", "1" or "exact"
   std::string algorithm;    // the requested family: "auto", "twoshot" (direct), "hierarchical", ...
 };
-// The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
-// `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.
-LayeredOptions layered_options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
-                               const std::string& algorithm, const std::string& compression,
-                               const std::string& determinism);
+
+// The environment as a group's layered calls read it: once, when the group's first
+// layered call makes its record, so that no call reads it again.
+class LayeredConfig {
+ public:
+  LayeredConfig();
+  // The options of a call of `collective` ("allreduce", "reduce_scatter", "allgather") on
+  // `dtype` with `op`, and `compression` and `determinism` as the direct API passes them.
+  LayeredOptions options(const std::string& collective, at::ScalarType dtype, const c10d::ReduceOp& op,
+                         const std::string& algorithm, const std::string& compression,
+                         const std::string& determinism) const;
+  // PYCOMM_KERNELS: "auto", "cuda" or "triton".
+  std::string kernels() const;
+  // Which host each of `keys` (one per rank, e.g. pycomm.host_key()'s) is on: ranks with
+  // equal keys share a host, hosts numbered in order of first appearance; with
+  // PYCOMM_RANKS_PER_NODE, rank r is on host r / that many, as a pycomm group counts nodes.
+  std::vector<int> hosts_of(const std::vector<std::string>& keys) const;
+  const Config& config() const { return config_; }
+
+ private:
+  Config config_;
+};
 
 // The plan of a layered call of `count` elements with `options`, over a mover whose ranks
 // are on the hosts `host_of` (host indices in order of first appearance), on device
@@ -54,14 +72,6 @@ LayeredPlan layered_plan(const std::string& collective, at::ScalarType dtype, in
                          const LayeredOptions& options, const std::vector<int>& host_of,
                          std::pair<double, double> within, std::pair<double, double> across, double core_share,
                          bool device_memory, bool pairwise_mover, int64_t oneshot_capacity);
-
-// Which host each of `keys` (one per rank, e.g. pycomm.host_key()'s) is on: ranks with
-// equal keys share a host, hosts numbered in order of first appearance; with
-// PYCOMM_RANKS_PER_NODE, rank r is on host r / that many, as a pycomm group counts nodes.
-std::vector<int> hosts_of(const std::vector<std::string>& keys);
-
-// PYCOMM_KERNELS: "auto", "cuda" or "triton".
-std::string kernel_choice();
 
 // (kind, factor) of `op` on `dtype` as the core reduces it (bool SUM is MAX, ...): kind is
 // the core's name ("sum", "avg", "premul_sum", ...), factor PREMUL_SUM's (else 1).
@@ -106,6 +116,15 @@ void write_stamp(at::Tensor& dst, const std::vector<int64_t>& words);
 // writes it from a kernel enqueued on the current stream).
 void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, at::Tensor& verdict);
 
+// What the record of every call of one kind says but its sequence number: made once per
+// kind of call (LayeredRecorder::kind), so that a call's begin parses nothing.
+struct LayeredKind {
+  OpStamp stamp;  // its seq filled in at begin
+  int64_t bytes = 0;
+  int device = -1;
+  std::string fallback;
+};
+
 // This rank's record of the layered operations on one group, kept by the native path's
 // Recorder and knobs: the counters of pycomm.stats, the flight recorder (PYCOMM_FLIGHT_
 // RECORDER operations, written to a file when one fails) and the INFO line of each
@@ -113,12 +132,15 @@ void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, 
 // a group's calls may end on its lane while the caller reads.
 class LayeredRecorder {
  public:
-  LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover);
-  // Begins an operation: `count` elements of `dtype` (the call's tensor), `bytes` as
-  // nccl-tests counts S, on CUDA device `device` or host memory (-1). Returns its id.
-  int64_t begin(const std::string& collective, int64_t seq, at::ScalarType dtype, int64_t count,
-                const c10d::ReduceOp& op, const LayeredOptions& options, const LayeredPlan& plan, int64_t bytes,
-                int64_t device);
+  LayeredRecorder(const std::string& group, int64_t rank, int64_t size, const std::string& mover,
+                  const LayeredConfig& config);
+  // The calls of `collective` on `count` elements of `dtype` (the call's tensor) with `op`,
+  // `options` and `plan`: `bytes` as nccl-tests counts S, on CUDA device `device` or host
+  // memory (-1).
+  LayeredKind kind(const std::string& collective, at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op,
+                   const LayeredOptions& options, const LayeredPlan& plan, int64_t bytes, int64_t device) const;
+  // Begins call `seq` of `kind`; returns its id.
+  int64_t begin(const LayeredKind& kind, int64_t seq);
   void completed(int64_t id);
   // Ends operation `id` as failed with `error`; returns the flight recorder's file, or ""
   // where it keeps no operations.
@@ -134,12 +156,7 @@ class LayeredRecorder {
   const std::string mover_;
   Recorder recorder_;
   std::mutex mutex_;
-  struct Running {
-    OpStamp stamp;
-    int64_t bytes;
-    std::string fallback;
-  };
-  std::map<int64_t, Running> running_;  // for the INFO line
+  std::map<int64_t, LayeredKind> running_;  // for the INFO line
 };
 
 }  // namespace pycomm

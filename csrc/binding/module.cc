@@ -163,26 +163,30 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("parts", &pycomm::LayeredPlan::parts)  // written by tests, to cut a call in more parts
       .def_readonly("predicted_us", &pycomm::LayeredPlan::predicted_us)
       .def_readonly("fallback", &pycomm::LayeredPlan::fallback);
+  py::class_<pycomm::LayeredConfig>(m, "LayeredConfig")
+      .def(py::init<>())
+      .def("options", &pycomm::LayeredConfig::options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
+           py::arg("algorithm"), py::arg("compression"), py::arg("determinism"))
+      .def("kernels", &pycomm::LayeredConfig::kernels)
+      .def("hosts_of", &pycomm::LayeredConfig::hosts_of, py::arg("keys"));
+  py::class_<pycomm::LayeredKind>(m, "LayeredKind");
   py::class_<pycomm::LayeredRecorder>(m, "LayeredRecorder")
-      .def(py::init<const std::string&, int64_t, int64_t, const std::string&>(), py::arg("group"), py::arg("rank"),
-           py::arg("size"), py::arg("mover"))
-      .def("begin", &pycomm::LayeredRecorder::begin, py::arg("collective"), py::arg("seq"), py::arg("dtype"),
-           py::arg("count"), py::arg("op"), py::arg("options"), py::arg("plan"), py::arg("bytes"), py::arg("device"))
+      .def(py::init<const std::string&, int64_t, int64_t, const std::string&, const pycomm::LayeredConfig&>(),
+           py::arg("group"), py::arg("rank"), py::arg("size"), py::arg("mover"), py::arg("config"))
+      .def("kind", &pycomm::LayeredRecorder::kind, py::arg("collective"), py::arg("dtype"), py::arg("count"),
+           py::arg("op"), py::arg("options"), py::arg("plan"), py::arg("bytes"), py::arg("device"))
+      .def("begin", &pycomm::LayeredRecorder::begin, py::arg("kind"), py::arg("seq"))
       .def("completed", &pycomm::LayeredRecorder::completed, py::arg("id"))
       .def("failed", &pycomm::LayeredRecorder::failed, py::arg("id"), py::arg("error"))
       // The names a pycomm backend gives its own record (pycomm.stats, flight_recorder).
       .def("_stats_json", &pycomm::LayeredRecorder::stats_json)
       .def("_flight_recorder_json", &pycomm::LayeredRecorder::flight_recorder_json)
       .def("_dump_flight_recorder", &pycomm::LayeredRecorder::dump_flight_recorder, py::arg("path"));
-  m.def("kernel_choice", &pycomm::kernel_choice);
-  m.def("layered_options", &pycomm::layered_options, py::arg("collective"), py::arg("dtype"), py::arg("op"),
-        py::arg("algorithm"), py::arg("compression"), py::arg("determinism"));
   m.def("layered_plan", &pycomm::layered_plan, py::arg("collective"), py::arg("dtype"), py::arg("count"),
         py::arg("options"), py::arg("host_of"), py::arg("within") = std::make_pair(0.0, 0.0),
         py::arg("across") = std::make_pair(0.0, 0.0), py::arg("core_share") = 1.0, py::arg("device_memory") = false,
         py::arg("pairwise_mover") = false, py::arg("oneshot_capacity") = 0);
   m.def("host_key", &pycomm::host_key);
-  m.def("hosts_of", &pycomm::hosts_of, py::arg("keys"));
   m.def("hosts_in_blocks", [](const std::vector<int>& host_of) {
     return pycomm::hosts_in_blocks(pycomm::Topology::from_node_of(host_of));
   }, py::arg("host_of"), "Whether the two-level layered variants serve ranks on these hosts (runtime/plan.h).");

@@ -6,23 +6,30 @@ csrc/runtime/layered_plan.h) picks the algorithm and the number of parts a large
 pipelined in. The direct algorithm (``layered-direct``) is the native twoshot, with the
 mover's collectives in place of pycomm's transports:
 
-0. Agreement: one all-gather of every rank's stamp of the call (sequence number,
-   collective, count, dtype, reduction, codec, block, determinism mode), of the same
-   size whatever the call, compared before anything else moves: ranks that disagree
-   fail the call on every rank, naming the field and both values, as the native path
-   does, instead of folding what does not belong together.
+0. Agreement (stamps.py): every call opens with one all-gather of the same size whatever
+   the call, each rank's message its stamp of the call (sequence number, collective,
+   count, dtype, reduction, codec, block, determinism mode, requested algorithm),
+   compared before anything else moves (on a device, by a kernel): ranks that disagree
+   fail the call, naming the field and both values, as the native path does, instead of
+   folding what does not belong together.
 1. Segments: the buffer is cut over the ranks as the native path cuts it
    (``_C.segment_begins``; whole codec blocks under a codec, so blocks start at multiples
    of the block in the tensor).
 2. Reduce-scatter: one ``all_to_all_single`` of byte payloads sends segment s of every
    rank's input to rank s, raw (the input's own bytes) or encoded (codec blocks from the
-   segment's first element, this rank's contribution quantized once).
+   segment's first element, this rank's contribution quantized once; every segment by one
+   ``_C.fold_segments``).
 3. Fold: rank s reduces the n contributions of its segment in logical rank order, or
    exactly (exact mode), and under a codec encodes the result once more
    (``_C.fold``, i.e. ``DeviceOps::reduce_terms``: the function every native algorithm
    reduces with).
 4. All-gather (all-reduce only): one ``all_gather_into_tensor`` of the (encoded) results,
    each padded to the longest segment; every rank then decodes every segment, its own too.
+
+A call whose whole data fits in the opening's message after the stamp runs in one shot
+(``layered-oneshot``): the data travels in step 0's all-gather, and each rank folds every
+element from every rank's contribution (its own segment's, for a reduce-scatter), as the
+owner of the element's segment folds it in step 3: the same bits, and no collective more.
 
 Over gloo, on host memory (``layered-pairwise``), the transfers of steps 2 and 4, and of
 the reduce-scatter and the all-gather, are point-to-point sends between every pair of
@@ -49,27 +56,31 @@ algorithm's). Levels: D0-D3 in mode 1
 
 Devices and streams: CPU tensors are folded by the CPU ops, on the calling thread, or on
 the group's lane (a thread of its own) from its first asynchronous call on, so that the
-caller overlaps the call with its own work (see call._Call.run). CUDA
-tensors are folded by kernels enqueued on the caller's current stream, and the mover's
-collectives are called blocking (``async_op=False``), which for NCCL orders them on the
-current stream without a host synchronization; nothing here waits on the host. So on
-CUDA the stamps are compared on the device (``torch._assert_async``): a disagreement
-stops the process with a device-side assertion rather than a DistBackendError.
+caller overlaps the call with its own work (see call._Call.run). CUDA tensors are folded
+by kernels enqueued on the caller's current stream, and the mover's collectives are
+waited for with ``Work.wait()``, which for NCCL makes the current stream wait, not the
+host: nothing here waits on the host, nothing is copied from it, and every buffer is
+kept from one call to the next, so that a CUDA graph can capture a call made once
+before. So on CUDA the stamps are compared on the device, and a disagreement is raised
+by the rank's next layered call on the group, or wait() of one of its works.
 
 Layout, one job per module, none importing a module listed after it:
 
 * ``mover``      the mover's name and all-gather, which host each of its ranks is on, the
                  cost of its links.
-* ``folds``      the kernels that fold a call's terms on its device, and how many terms
-                 one of their calls takes.
+* ``folds``      the kernels that fold a call's terms, run a codec's step over every
+                 segment and write and judge stamps on its device, and how many terms
+                 one of their folds takes.
 * ``record``     what a rank keeps of a group's layered calls (``record_of``): counters
-                 and flight recorder, options, hosts, lane, scratch buffers.
-* ``call``       one operation (``_Call``): options, plan, the agreement (step 0), the
-                 mover's collectives and pairwise sends and their failures, folds,
-                 buffers; ``LayeredWork``.
-* ``algorithms`` steps 1 to 4, the hierarchical all-reduce and the pipeline of parts,
-                 and the entry points ``all_reduce``, ``reduce_scatter_tensor`` and
-                 ``all_gather_into_tensor``.
+                 and flight recorder, the knobs (read once), options, layouts, hosts, lane.
+* ``layout``     what every call of one kind shares, made at its first call: plan,
+                 kernels, stamp, segments, scratch buffers.
+* ``stamps``     the agreement (step 0): the opening all-gather and the comparison.
+* ``call``       one operation (``_Call``): its layout, the mover's collectives and
+                 pairwise sends and their failures, folds; ``LayeredWork``.
+* ``algorithms`` steps 1 to 4, the one-shot, the hierarchical all-reduce and the
+                 pipeline of parts, and the entry points ``all_reduce``,
+                 ``reduce_scatter_tensor`` and ``all_gather_into_tensor``.
 """
 from .algorithms import Form, Stage, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 from .folds import PARTIAL_DTYPES, kernels_for

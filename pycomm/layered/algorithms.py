@@ -1,7 +1,10 @@
 """The layered path's algorithms over the mover, as the package's docstring states them:
 segments and their exchange, the direct and the hierarchical all-reduce in parts run as
 a pipeline, reduce-scatter and all-gather. Each entry point makes the operation's _Call
-and runs its steps through it."""
+and runs its steps through it. What every call of a kind shares (segments, buffers and
+the views of them) is its layout's, made at the kind's first call; a codec's step runs
+over every segment at once (fold_segments: one kernel launch on a device). A one-shot
+call's data travels in the opening all-gather of its agreement (stamps.py)."""
 from __future__ import annotations
 
 import itertools
@@ -12,10 +15,12 @@ import torch.distributed as dist
 from .. import _C
 from .call import _Call
 from .folds import PARTIAL_DTYPES
+from .layout import ONESHOT, PAIRWISE, STAMP_BYTES, slot
 from .mover import _ALL_GATHER
+from .stamps import opening
 
 Form, Stage = _C.Form, _C.Stage
-PAIRWISE = "layered-pairwise"  # the direct algorithm with every transfer a pairwise send (see the plan)
+SUM = dist.ReduceOp.SUM
 
 
 def _bytes(t):
@@ -32,59 +37,88 @@ def _settle(t, flat):
         t.copy_(flat.view(t.shape))
 
 
-def _slot(nbytes):
-    """Room for an encoded piece in a buffer of several: a multiple of 16 bytes, so that
-    every piece starts aligned for the kernels (whose scales are read as float32)."""
-    return -(-nbytes // 16) * 16
-
-
 def _pieces(buffer, sizes):
     """``buffer`` cut into consecutive pieces of ``sizes`` elements."""
     offsets = [0, *itertools.accumulate(sizes)]
     return [buffer[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
 
 
-def _exchange(call, flat, begins, element_bytes, part=0):
-    """Step 2, started: segment s of ``flat`` goes to rank s, by the mover's all-to-all or
-    pairwise (see the plan). Returns the mover's pending transfers and this rank's n
-    contributions to its own segment, in rank order, with their forms, readable once they
-    are waited for. Raw segments travel as their bytes (the all-to-all takes one buffer,
-    this rank's own segment included); encoded ones are encoded here, this rank's own
-    kept as its input (quantized as it is loaded)."""
-    n, r = call.size, call.rank
-    pairwise = call.plan.variant == PAIRWISE
-    lengths = [begins[s + 1] - begins[s] for s in range(n)]
-    mine = flat[begins[r]:begins[r + 1]]
-    if call.codec == "none":
-        if pairwise:
-            recv = call.buffer("received", part, (n - 1) * lengths[r] * element_bytes)
-            others = iter(_pieces(recv, [lengths[r] * element_bytes] * (n - 1)))
-            pieces = [None if p == r else next(others) for p in range(n)]
-            moving = call.pairwise([(s, _bytes(flat[begins[s]:begins[s + 1]])) for s in range(n) if s != r],
-                                   [(p, pieces[p]) for p in range(n) if p != r])
-        else:
-            recv = call.buffer("received", part, n * lengths[r] * element_bytes)
-            moving = call.move("all_to_all_single", recv, _bytes(flat), [lengths[r] * element_bytes] * n,
-                               [length * element_bytes for length in lengths])
-            pieces = _pieces(recv, [lengths[r] * element_bytes] * n)
-        return moving, [mine if p == r else pieces[p] for p in range(n)], [Form.Input] * n
-    encoded = [_C.encoded_size(call.codec, call.block, length) for length in lengths]
-    outgoing = [0 if s == r else _slot(encoded[s]) for s in range(n)]
-    send = call.buffer("sent", part, sum(outgoing))
-    sent = _pieces(send, outgoing)
-    for s, piece in enumerate(sent):
-        if s != r:
-            call.fold(piece[:encoded[s]], [flat[begins[s]:begins[s + 1]]], [Form.Input], lengths[s], Stage.Encoded)
-            piece[encoded[s]:].zero_()
-    incoming = [0 if p == r else _slot(encoded[r]) for p in range(n)]
-    recv = call.buffer("received", part, sum(incoming))
-    received = _pieces(recv, incoming)
-    if pairwise:
-        moving = call.pairwise([(s, sent[s]) for s in range(n) if s != r], [(p, received[p]) for p in range(n) if p != r])
+def _message(call, nbytes):
+    """The first ``nbytes`` of this rank's message in the opening all-gather after its
+    stamp: where a one-shot call puts its data."""
+    return call.layout.remember(("message", nbytes),
+                                lambda: opening(call.record, call.device).sent[STAMP_BYTES:STAMP_BYTES + nbytes])
+
+
+def _gathered(call, offset, nbytes):
+    """Every rank's data of a one-shot call, ``nbytes`` from ``offset`` of its message's
+    data: row p rank p's (this rank's own too)."""
+    return opening(call.record, call.device).received[:, STAMP_BYTES + offset:STAMP_BYTES + offset + nbytes]
+
+
+def _oneshot_terms(call, mine, offset, nbytes):
+    """A one-shot fold's n terms, in rank order, and their forms: every other rank's data
+    as it came (``_gathered``), this rank's own ``mine``, its input (quantized as it is
+    loaded, under a codec)."""
+    layout, r = call.layout, call.rank
+    rows, forms = layout.remember(("oneshot", offset, nbytes), lambda: (
+        list(_gathered(call, offset, nbytes)),
+        [Form.Input if p == r or not layout.coded else Form.Encoded for p in range(call.size)]))
+    terms = list(rows)
+    terms[r] = mine
+    return terms, forms
+
+
+def _stage_input(call, flat):
+    """An all-reduce's or all-gather's input as one-shot data: raw, or encoded."""
+    layout = call.layout
+    data = _message(call, layout.wire(flat.numel()))
+    if layout.coded:
+        call.fold(data, [flat], [Form.Input], flat.numel(), Stage.Encoded)
     else:
-        moving = call.move("all_to_all_single", recv, send, incoming, outgoing)
-    return (moving, [mine if p == r else received[p][:encoded[r]] for p in range(n)],
-            [Form.Input if p == r else Form.Encoded for p in range(n)])
+        data.copy_(_bytes(flat))
+
+
+def _exchange(call, flat, segments, part=0):
+    """Step 2, started: segment s of ``flat`` (``segments``: count, parts, unit) goes to
+    rank s, by the mover's all-to-all or pairwise (see the plan). Returns the mover's
+    pending transfers and this rank's n contributions to its own segment, in rank order,
+    with their forms, readable once they are waited for. Raw segments travel as their
+    bytes (the all-to-all takes one buffer, this rank's own segment included); encoded
+    ones are encoded here, all at once, into slots of the longest's encoded size, this
+    rank's own kept as its input (quantized as it is loaded)."""
+    layout, n, r = call.layout, call.size, call.rank
+    begins = layout.segments(*segments)
+    received, pieces, forms = layout.remember(("received", part), lambda: _received(call, begins, part))
+    terms = list(pieces)
+    terms[r] = flat[begins[r]:begins[r + 1]]
+    pairwise = layout.variant == PAIRWISE
+    if layout.coded:
+        width = received.numel() // n
+        send = call.buffer("sent", part, n * width)
+        call.fold_segments(flat, send, segments, r, width, Stage.Encoded)
+        if pairwise:
+            outgoing = [send[s * width:s * width + layout.wire(begins[s + 1] - begins[s])] for s in range(n)]
+            return call.pairwise([(s, outgoing[s]) for s in range(n) if s != r],
+                                 [(p, pieces[p]) for p in range(n) if p != r]), terms, forms
+        return call.move("all_to_all_single", received, send), terms, forms
+    lengths = [(begins[s + 1] - begins[s]) * layout.element_bytes for s in range(n)]
+    if pairwise:
+        return call.pairwise([(s, _bytes(flat[begins[s]:begins[s + 1]])) for s in range(n) if s != r],
+                             [(p, pieces[p]) for p in range(n) if p != r]), terms, forms
+    return call.move("all_to_all_single", received, _bytes(flat), [lengths[r]] * n, lengths), terms, forms
+
+
+def _received(call, begins, part):
+    """Where an exchange's contributions arrive: (its buffer, the n pieces of it in rank
+    order, this rank's None, their forms)."""
+    layout, n, r = call.layout, call.size, call.rank
+    wire = layout.wire(begins[r + 1] - begins[r])
+    width = slot(layout.wire(begins[1] - begins[0])) if layout.coded else wire
+    received = call.buffer("received", part, n * width)
+    pieces = [None if p == r else received[p * width:p * width + wire] for p in range(n)]
+    forms = [Form.Input if p == r or not layout.coded else Form.Encoded for p in range(n)]
+    return received, pieces, forms
 
 
 def _pipelined(parts):
@@ -111,97 +145,107 @@ def all_reduce(tensor, op, group, algorithm, compression, deterministic, async_o
     flat = _dense(tensor)
     call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), algorithm, compression,
                  deterministic, flat.numel())
-    return call.run(lambda: _all_reduce(call, tensor, flat), tensor, async_op)
+    return call.run(lambda: _all_reduce(call, tensor, flat), tensor, async_op, lambda: _stage_input(call, flat))
+
+
+def _direct_segments(call, count):
+    """The direct algorithm's segments of ``count`` elements: (count, n, unit), the unit a
+    codec block under a codec (blocks stay whole, starting where the tensor's do)."""
+    return count, call.size, call.layout.block if call.layout.coded else 1
 
 
 def _all_reduce(call, tensor, flat):
-    if flat.numel() == 0:
+    layout, count = call.layout, flat.numel()
+    if count == 0:
         return
-    _pipelined((_hierarchical_parts if call.plan.variant == "layered-hierarchical" else _direct_parts)(call, flat))
+    if layout.variant == ONESHOT:  # every element folded here from every rank's data (bits: as the owner's fold)
+        terms, forms = _oneshot_terms(call, flat, 0, layout.wire(count))
+        if layout.coded:  # the result quantized as the owner's encoding of it is, then decoded
+            encoded = call.buffer("result", 0, layout.wire(count))
+            call.fold(encoded, terms, forms, count, Stage.FinalEncoded)
+            call.fold(flat, [encoded], [Form.Encoded], count, Stage.Final, op=SUM)
+        else:
+            call.fold(flat, terms, forms, count, Stage.Final)
+    else:
+        _pipelined((_hierarchical_parts if layout.variant == "layered-hierarchical" else _direct_parts)(call, flat))
     _settle(tensor, flat)
 
 
-def _wire(call, element_bytes):
-    """The unit segments are cut in (whole codec blocks, coded) and the bytes of m
-    elements of ``element_bytes`` each on the wire."""
-    if call.codec == "none":
-        return 1, lambda m: m * element_bytes
-    return call.block, lambda m: _C.encoded_size(call.codec, call.block, m)
-
-
 def _direct_parts(call, flat):
-    """The direct algorithm in ``call.plan.parts`` parts, each starting on a multiple of n
-    codec blocks, so that every block of the tensor stays whole and each element is
+    """The direct algorithm in ``call.layout.parts`` parts, each starting on a multiple of
+    n codec blocks, so that every block of the tensor stays whole and each element is
     reduced exactly as without parts."""
-    step = call.size * _wire(call, 1)[0]
-    size = -(-flat.numel() // call.plan.parts // step) * step
+    step = call.size * _direct_segments(call, 0)[2]
+    size = -(-flat.numel() // call.layout.parts // step) * step
     return (_direct_part(call, flat[start:start + size], i) for i, start in enumerate(range(0, flat.numel(), size)))
 
 
 def _direct_part(call, part, index):
-    n, r, es = call.size, call.rank, part.element_size()
-    coded = call.codec != "none"
-    unit, wire = _wire(call, es)
-    begins = _C.segment_begins(part.numel(), n, unit)
-    moving, terms, forms = _exchange(call, part, begins, es, index)  # steps 1 and 2
+    layout, n, r = call.layout, call.size, call.rank
+    coded, wire = layout.coded, layout.wire
+    segments = _direct_segments(call, part.numel())
+    begins = layout.segments(*segments)
+    moving, terms, forms = _exchange(call, part, segments, index)  # steps 1 and 2
     yield
-    # Steps 3 and 4: this rank's result (encoded under a codec) goes into a piece padded
-    # to the longest segment's (segment 0's), the size every rank gives the all-gather.
+    # Steps 3 and 4: this rank's result (encoded under a codec) in a slot of the longest
+    # segment's (segment 0's) size, the size every rank gives the all-gather.
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
-    width = _slot(wire(lengths[0])) if coded else wire(lengths[0])
-    result = call.buffer("result", index, width)
-    result[wire(lengths[r]):].zero_()
+    width = slot(wire(lengths[0])) if coded else wire(lengths[0])
+    stage = Stage.FinalEncoded if coded else Stage.Final
     call.wait(moving)
-    call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], Stage.FinalEncoded if coded else Stage.Final)
-    if call.plan.variant == PAIRWISE:
-        # Raw results straight into place; encoded ones into a block each, decoded below.
-        received = call.buffer("gathered", index, n * width) if coded else None
-        blocks = _pieces(received, [width] * n) if coded else [None] * n
-        targets = [blocks[s][:wire(lengths[s])] if coded else _bytes(part[begins[s]:begins[s + 1]]) for s in range(n)]
-        moving = call.pairwise([(s, result[:wire(lengths[r])]) for s in range(n) if s != r],
-                               [(s, targets[s]) for s in range(n) if s != r])
-        if coded:
-            blocks[r] = result
-        else:
-            _bytes(part[begins[r]:begins[r + 1]]).copy_(result[:wire(lengths[r])])
-            blocks = None
-    elif call.plan.variant == "layered-direct+host-gather":
-        # Across hosts among the ranks of this local index (rank h L + l is host h's
-        # local rank l), then within the host: block l N + h of ``gathered`` is rank h L + l's.
-        column = call.buffer("column", index, call.column_team.size() * width)
-        moving = call.move(_ALL_GATHER, column, result, group=call.column_team)
-        yield
-        call.wait(moving)
-        gathered = call.buffer("gathered", index, n * width)
-        moving = call.move(_ALL_GATHER, gathered, column, group=call.host_team)
-        hosts, per_host = call.column_team.size(), call.host_team.size()
-        blocks = _pieces(gathered, [width] * n)
-        blocks = [blocks[(s % per_host) * hosts + s // per_host] for s in range(n)]
-    elif not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
-        moving, blocks = call.move(_ALL_GATHER, _bytes(part), result), None
+    if layout.variant == PAIRWISE:
+        # Every rank's result straight into its place: raw, into the tensor (over this
+        # rank's own input, a term of the fold), encoded, into its slot, decoded below.
+        gathered = call.buffer("gathered", index, n * width) if coded else None
+        places = [gathered[s * width:s * width + wire(lengths[s])] if coded else
+                  _bytes(part[begins[s]:begins[s + 1]]) for s in range(n)]
+        call.fold(places[r] if coded else part[begins[r]:begins[r + 1]], terms, forms, lengths[r], stage)
+        moving = call.pairwise([(s, places[r]) for s in range(n) if s != r], [(s, places[s]) for s in range(n) if s != r])
     else:
-        gathered = call.buffer("gathered", index, n * width)
-        moving = call.move(_ALL_GATHER, gathered, result)
-        blocks = _pieces(gathered, [width] * n)
+        result = call.buffer("result", index, width)
+        call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], stage)
+        if layout.variant == "layered-direct+host-gather":
+            # Across hosts among the ranks of this local index (rank h L + l is host h's
+            # local rank l), then within the host: slot l N + h of ``arrived`` is rank
+            # h L + l's, put in rank order below.
+            column = call.buffer("column", index, call.layout.column_team.size() * width)
+            moving = call.move(_ALL_GATHER, column, result, group=layout.column_team)
+            yield
+            call.wait(moving)
+            arrived = call.buffer("arrived", index, n * width)
+            moving = call.move(_ALL_GATHER, arrived, column, group=layout.host_team)
+            yield
+            call.wait(moving)
+            hosts, per_host = layout.column_team.size(), layout.host_team.size()
+            gathered = call.buffer("gathered", index, n * width)
+            gathered.view(hosts, per_host, width).copy_(arrived.view(per_host, hosts, width).transpose(0, 1))
+            moving = None
+        elif not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
+            moving, gathered = call.move(_ALL_GATHER, _bytes(part), result), None
+        else:
+            gathered = call.buffer("gathered", index, n * width)
+            moving = call.move(_ALL_GATHER, gathered, result)
     yield
-    call.wait(moving)
-    for s, block in enumerate(blocks or []):
-        segment, length = part[begins[s]:begins[s + 1]], lengths[s]
-        if coded:  # decoding alone: the result was finalized before it was encoded
-            call.fold(segment, [block[:wire(length)]], [Form.Encoded], length, Stage.Final, op=dist.ReduceOp.SUM)
-        elif length:
-            _bytes(segment).copy_(block[:wire(length)])
+    if moving is not None:
+        call.wait(moving)
+    if coded:  # decoding alone: the results were finalized before they were encoded
+        call.fold_segments(part, gathered, segments, -1, width, Stage.Final, op=SUM)
+    elif gathered is not None and layout.variant != PAIRWISE:
+        for s in range(n):
+            if lengths[s]:
+                _bytes(part[begins[s]:begins[s + 1]]).copy_(gathered[s * width:s * width + wire(lengths[s])])
 
 
 def _hierarchical_parts(call, flat):
-    """The hierarchical algorithm in ``call.plan.parts`` parts. As natively, local rank l
-    of every host owns shard l (``segment_begins(count, L, 1)``), and codec blocks start
+    """The hierarchical algorithm in ``call.layout.parts`` parts. As natively, local rank
+    l of every host owns shard l (``segment_begins(count, L, 1)``), and codec blocks start
     at its first element; part p is the p-th run of q elements of every shard, q a
     multiple of the block, so every block stays whole."""
-    shards = _C.segment_begins(flat.numel(), call.host_team.size(), 1)
+    layout = call.layout
+    shards = layout.segments(flat.numel(), layout.host_team.size(), 1)
     longest = shards[1] - shards[0]
-    unit = _wire(call, 1)[0]
-    q = -(-longest // call.plan.parts // unit) * unit
+    unit = layout.block if layout.coded else 1
+    q = -(-longest // layout.parts // unit) * unit
     return (_hierarchical_part(call, flat, shards, start, q, i) for i, start in enumerate(range(0, longest, q)))
 
 
@@ -215,7 +259,8 @@ def _hierarchical_part(call, flat, shards, start, q, index):
        in host order (the operator alone: AVG divides at the end), the results gathered;
     3. the piece finalized (AVG divides by the world size) into the output;
     4. within the host, every piece gathered to every rank."""
-    host_team, column_team = call.host_team, call.column_team
+    layout = call.layout
+    host_team, column_team = layout.host_team, layout.column_team
     L, N, local, host = host_team.size(), column_team.size(), host_team.rank(), column_team.rank()
     es = flat.element_size()
     pieces = [(shards[l] + min(start, shards[l + 1] - shards[l]), shards[l] + min(start + q, shards[l + 1] - shards[l]))
@@ -232,53 +277,50 @@ def _hierarchical_part(call, flat, shards, start, q, index):
     yield
     call.wait(moving)
     received = iter(_pieces(recv, [m * es] * (L - 1)))
-    accumulation = PARTIAL_DTYPES.get(call.dtype, call.dtype)
+    accumulation = PARTIAL_DTYPES.get(layout.dtype, layout.dtype)
     partial = call.buffer("partial", index, m * accumulation.itemsize).view(accumulation)
     call.fold(partial, [mine if l == local else next(received) for l in range(L)], [Form.Input] * L, m, Stage.Partial,
               codec="none")
 
-    across = dict(op=dist.ReduceOp.SUM, dtype=partial.dtype)  # 2
-    coded = call.codec != "none"
-    unit, wire = _wire(call, partial.element_size())
-    begins = _C.segment_begins(m, N, unit)
-    segments = [partial[begins[j]:begins[j + 1]] for j in range(N)]
-    seg_len = [s.numel() for s in segments]
-    if coded:
-        outgoing = [0 if j == host else _slot(wire(seg_len[j])) for j in range(N)]
-        send = call.buffer("sent across", index, sum(outgoing))
-        for j, out in enumerate(_pieces(send, outgoing)):
-            if j != host:
-                call.fold(out[:wire(seg_len[j])], [segments[j]], [Form.Input], seg_len[j], Stage.Encoded, **across)
-                out[wire(seg_len[j]):].zero_()
-        incoming = [0 if j == host else _slot(wire(seg_len[host])) for j in range(N)]
+    across = dict(op=SUM, dtype=partial.dtype)  # 2
+    coded = layout.coded
+    segments = (m, N, layout.block if coded else 1)
+    begins = layout.segments(*segments)
+    seg_len = [begins[j + 1] - begins[j] for j in range(N)]
+    wire = [layout.wire(n, partial.element_size()) for n in seg_len]
+    width = slot(wire[0]) if coded else wire[0]
+    if coded:  # encoded all at once into slots of the longest's size, which travel whole
+        send = call.buffer("sent across", index, N * width)
+        call.fold_segments(partial, send, segments, host, width, Stage.Encoded, **across)
+        recv = call.buffer("received across", index, N * width)
+        moving = call.move("all_to_all_single", recv, send, group=column_team)
+        incoming = [width] * N
     else:  # the all-to-all's input is the whole partial, this rank's own segment included
-        send, outgoing = _bytes(partial), [wire(n) for n in seg_len]
-        incoming = [wire(seg_len[host])] * N
-    recv = call.buffer("received across", index, sum(incoming))
-    moving = call.move("all_to_all_single", recv, send, incoming, outgoing, group=column_team)
+        incoming = [wire[host]] * N
+        recv = call.buffer("received across", index, sum(incoming))
+        moving = call.move("all_to_all_single", recv, _bytes(partial), incoming, wire, group=column_team)
     yield
     call.wait(moving)
-    width = _slot(wire(seg_len[0])) if coded else wire(seg_len[0])
-    result = call.buffer("result", index, width, zero_from=wire(seg_len[host]))
-    terms = [segments[host] if j == host else piece[:wire(seg_len[host])]
+    result = call.buffer("result across", index, width)
+    terms = [partial[begins[host]:begins[host + 1]] if j == host else piece[:wire[host]]
              for j, piece in enumerate(_pieces(recv, incoming))]
     forms = [Form.Input if j == host or not coded else Form.Encoded for j in range(N)]
-    call.fold(result[:wire(seg_len[host])], terms, forms, seg_len[host], Stage.FinalEncoded if coded else Stage.Final,
-              **across)
+    call.fold(result[:wire[host]], terms, forms, seg_len[host], Stage.FinalEncoded if coded else Stage.Final, **across)
     gathered = call.buffer("gathered across", index, N * width)
     moving = call.move(_ALL_GATHER, gathered, result, group=column_team)
     yield
     call.wait(moving)
-    for j, block in enumerate(_pieces(gathered, [width] * N)):
-        if coded:
-            call.fold(segments[j], [block[:wire(seg_len[j])]], [Form.Encoded], seg_len[j], Stage.Final, **across)
-        elif seg_len[j]:
-            _bytes(segments[j]).copy_(block[:wire(seg_len[j])])
+    if coded:
+        call.fold_segments(partial, gathered, segments, -1, width, Stage.Final, **across)
+    else:
+        for j in range(N):
+            if seg_len[j]:
+                _bytes(partial[begins[j]:begins[j + 1]]).copy_(gathered[j * width:j * width + wire[j]])
 
     call.fold(mine, [partial], [Form.Partial], m, Stage.Final)  # 3: this rank's input there was folded in 1
 
     width = lengths[0] * es  # 4
-    result = call.buffer("piece", index, width, zero_from=m * es)
+    result = call.buffer("piece", index, width)
     result[:m * es].copy_(_bytes(mine))
     gathered = call.buffer("gathered", index, L * width)
     moving = call.move(_ALL_GATHER, gathered, result, group=host_team)
@@ -297,22 +339,44 @@ def reduce_scatter_tensor(output, input, op, group, algorithm, compression, dete
                          f"of {n} needs {n} x the output's {count} {output.dtype} elements")
     call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), algorithm, compression,
                  deterministic, flat_in.numel())
-    return call.run(lambda: _reduce_scatter(call, output, out, flat_in), output, async_op)
+    return call.run(lambda: _reduce_scatter(call, output, out, flat_in), output, async_op,
+                    lambda: _stage_segments(call, flat_in, count))
+
+
+def _segment_slot(layout, count):
+    """The bytes of one of a one-shot reduce-scatter's segments of ``count`` elements in its
+    data: raw, or encoded in a slot."""
+    return slot(layout.wire(count)) if layout.coded else layout.wire(count)
+
+
+def _stage_segments(call, flat_in, count):
+    """A reduce-scatter's input as one-shot data: raw, or each rank's segment encoded from
+    its first element (as the direct algorithm's codec blocks start) into a slot."""
+    layout = call.layout
+    width = _segment_slot(layout, count)
+    data = _message(call, call.size * width)
+    if layout.coded:
+        call.fold_segments(flat_in, data, (count * call.size, call.size, 1), -1, width, Stage.Encoded)
+    else:
+        data.copy_(_bytes(flat_in))
 
 
 def _reduce_scatter(call, output, out, flat_in):
-    n, count = call.size, out.numel()
+    layout, n, r, count = call.layout, call.size, call.rank, out.numel()
     if count == 0:
         return
-    begins = _C.segment_begins(count * n, n, 1)  # blocks start at each rank's segment
-    moving, terms, forms = _exchange(call, flat_in, begins, flat_in.element_size())
-    call.wait(moving)
-    if call.codec != "none" and call.determinism != "0":
+    if layout.variant == ONESHOT:  # this rank's segment folded from every rank's data
+        width = _segment_slot(layout, count)
+        terms, forms = _oneshot_terms(call, flat_in[r * count:(r + 1) * count], r * width, layout.wire(count))
+    else:  # blocks start at each rank's segment
+        moving, terms, forms = _exchange(call, flat_in, (count * n, n, 1))
+        call.wait(moving)
+    if layout.coded and layout.determinism != "0":
         # Deterministic modes quantize the result once more, as the native reduce-scatter
         # does, so that a shard equals the matching slice of the all-reduce.
-        encoded = call.buffer("result", 0, _C.encoded_size(call.codec, call.block, count))
+        encoded = call.buffer("result", 0, layout.wire(count))
         call.fold(encoded, terms, forms, count, Stage.FinalEncoded)
-        call.fold(out, [encoded], [Form.Encoded], count, Stage.Final, op=dist.ReduceOp.SUM)
+        call.fold(out, [encoded], [Form.Encoded], count, Stage.Final, op=SUM)
     else:
         call.fold(out, terms, forms, count, Stage.Final)
     _settle(output, out)
@@ -324,37 +388,51 @@ def all_gather_into_tensor(output, input, group, algorithm, compression, determi
     if output.dtype != input.dtype or out.numel() != n * count:
         raise ValueError(f"pycomm: allgather: the output holds {out.numel()} {output.dtype} elements; a group of "
                          f"{n} needs {n} x the input's {count} {input.dtype} elements")
-    call = _Call("allgather", group, flat_in, dist.ReduceOp.SUM, out.numel() * out.element_size(), algorithm,
-                 compression, deterministic, flat_in.numel())
-    return call.run(lambda: _all_gather(call, output, out, flat_in), output, async_op)
+    call = _Call("allgather", group, flat_in, SUM, out.numel() * out.element_size(), algorithm, compression,
+                 deterministic, flat_in.numel())
+    return call.run(lambda: _all_gather(call, output, out, flat_in), output, async_op,
+                    lambda: _stage_input(call, flat_in))
 
 
 def _all_gather(call, output, out, flat_in):
-    n, r, count = call.size, call.rank, flat_in.numel()
+    layout, n, r, count = call.layout, call.size, call.rank, flat_in.numel()
     if count == 0:
         return
-    pairwise = call.plan.variant == PAIRWISE
-    if call.codec == "none":
-        if pairwise:  # straight into place
-            slots = _pieces(out, [count] * n)
+    coded, size = layout.coded, layout.wire(count)
+    segments = (n * count, n, 1)
+    if layout.variant == ONESHOT:  # every rank's input came in the opening, this rank's own too
+        if not coded:
+            _bytes(out).view(n, size).copy_(_gathered(call, 0, size))
+            _settle(output, out)
+            return
+        received = opening(call.record, call.device).received
+        gathered, width = received.view(-1)[STAMP_BYTES:], received.shape[1]
+    elif not coded:
+        slots = _pieces(_bytes(out), [size] * n)
+        if layout.variant == PAIRWISE:  # straight into place
             moving = call.pairwise([(s, _bytes(flat_in)) for s in range(n) if s != r],
-                                   [(s, _bytes(slots[s])) for s in range(n) if s != r])
-            slots[r].copy_(flat_in)
+                                   [(s, slots[s]) for s in range(n) if s != r])
+            slots[r].copy_(_bytes(flat_in))
             call.wait(moving)
         else:
             call.wait(call.move(_ALL_GATHER, out, flat_in))
+        _settle(output, out)
+        return
     else:
-        size = _C.encoded_size(call.codec, call.block, count)
-        mine = call.buffer("result", 0, _slot(size), zero_from=size)
-        call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
-        gathered = call.buffer("gathered", 0, n * mine.numel())
-        blocks = _pieces(gathered, [mine.numel()] * n)
-        if pairwise:
-            call.wait(call.pairwise([(s, mine[:size]) for s in range(n) if s != r],
+        width = slot(size)
+        gathered = call.buffer("gathered", 0, n * width)
+        blocks = _pieces(gathered, [width] * n)
+        if layout.variant == PAIRWISE:  # this rank's own encoded into its slot, the others' into theirs
+            call.fold(blocks[r][:size], [flat_in], [Form.Input], count, Stage.Encoded)
+            call.wait(call.pairwise([(s, blocks[r][:size]) for s in range(n) if s != r],
                                     [(s, blocks[s][:size]) for s in range(n) if s != r]))
-            blocks[r] = mine
         else:
+            mine = call.buffer("result", 0, width)
+            call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
             call.wait(call.move(_ALL_GATHER, gathered, mine))
-        for s, block in enumerate(blocks):
-            call.fold(out[s * count:(s + 1) * count], [block[:size]], [Form.Encoded], count, Stage.Final)
+    if coded:
+        call.fold_segments(out, gathered, segments, -1, width, Stage.Final)
+    else:
+        for s, piece in enumerate(_pieces(_bytes(out), [size] * n)):
+            piece.copy_(gathered[s * width:s * width + size])
     _settle(output, out)

@@ -1,19 +1,21 @@
-"""One layered call: its options (decided by the native path's rules), its plan, the
-ranks' agreement on it (stamps), the mover's collectives started and waited for with
-their failures wrapped, the call's folds and buffers, its record, and the LayeredWork an
-asynchronous call returns; CPU calls run on the group's lane from its first asynchronous
-one on."""
+"""One layered call: its kind's layout (options decided by the native path's rules, plan,
+kernels, stamp, buffers: made at the kind's first call, then reused), the ranks'
+agreement on it (stamps.py), the mover's collectives and pairwise sends started and
+waited for with their failures wrapped, the call's folds, its record, and the
+LayeredWork an asynchronous call returns; CPU calls run on the group's lane from its
+first asynchronous one on."""
 from __future__ import annotations
 
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
-from .folds import PARTIAL_DTYPES, _triton_fold, kernels_for, terms_per_fold
-from .mover import _ALL_GATHER, _PAIRWISE_MOVERS
+from . import stamps
+from .folds import PARTIAL_DTYPES
+from .layout import ONESHOT, _Layout
+from .mover import _ALL_GATHER
 from .record import record_of
 
 
@@ -21,10 +23,11 @@ class LayeredWork:
     """What an asynchronous layered call returns; ``get_future()`` yields ``[result]``
     like a pycomm Work's. On CUDA tensors it is complete on return (the steps were enqueued
     on the current stream); on CPU tensors once the group's lane ran the call (see
-    _Call.run), and wait() raises the call's error."""
+    _Call.run), and wait() raises the call's error. On the device path wait() raises, too,
+    a disagreement the device found in this or an earlier call on the group (stamps.py)."""
 
     def __init__(self, future, call):
-        self.compression, self.determinism = call.codec, call.determinism
+        self.compression, self.determinism = call.options.codec, call.options.determinism
         self._call, self._future = call, future
 
     @property
@@ -34,6 +37,7 @@ class LayeredWork:
 
     def wait(self, timeout=None):
         self._future.wait()
+        stamps.check(self._call.record, self._call.device)
         return True
 
     def is_completed(self):
@@ -61,86 +65,70 @@ class LayeredWork:
 # The tag of the layered path's point-to-point transfers on the mover (not 0, the default
 # of a user's own).
 _PAIRWISE_TAG = 0x70634C50
-# A stamp: this marker, then the fields of _Call.stamp, each an int64 (see _code).
-_STAMP_MARK = 0x70634C53
-_STAMP_FIELDS = ("sequence number", "collective", "count", "dtype", "reduce op", "compression", "block",
-                 "determinism", "algorithm")
-
-
-def _code(value):
-    """A stamp field as an int64: integers as they are, names by their CRC-32."""
-    return value if isinstance(value, int) else zlib.crc32(value.encode())
 
 
 class _Call:
-    """One layered operation: its options (decided by the native path's rules), the
-    mover's collectives with their failures wrapped, and its record, stats and log line.
-    Its steps (:meth:`run`) begin with the ranks' agreement on it (:meth:`agree`)."""
+    """One layered operation: its layout, the mover's transfers with their failures
+    wrapped, and its record, stats and log line. Its steps (:meth:`run`) begin with the
+    ranks' agreement on it (stamps.agree)."""
 
     def __init__(self, collective, group, like, op, nbytes, algorithm, compression, deterministic, count):
-        self.group, self.dtype, self.op = group, like.dtype, op
+        self.group, self.collective, self.op, self.device = group, collective, op, like.device
         self.record = record_of(group, like.device)
-        key = (collective, like.dtype, _op_name(op), algorithm or "", compression or "", deterministic or "")
-        options = self.record.options.get(key)
-        if options is None:
-            options = self.record.options[key] = _C.layered_options(collective, like.dtype, op, algorithm or "",
-                                                                    compression or "", deterministic or "")
-        self.options, self.count, self.nbytes = options, count, nbytes
-        self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
-        self.exact = options.determinism == "exact"
-        self.kernel = kernels_for(like.device)
-        self.terms_per_fold = terms_per_fold(self.kernel, like.device)
         self.rank, self.size = self.record.rank, self.record.size
-        if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and like.dtype.is_floating_point \
-                and _C.reduction(op, like.dtype)[0] in ("sum", "avg", "premul_sum"):
-            self.kernel = _triton_fold(f"exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels take "
-                                       f"at most {self.terms_per_fold}, and this group has {self.size} ranks")
-            self.terms_per_fold = None
-        self.algorithm = f"layered over {self.record.mover}"  # until planned (see begin)
-        self.collective, self.seq = collective, next(self.record.seq)
-        self.plan = self.id = None
-        # The block matters only under a codec, as natively.
-        self.stamp = (self.seq, collective, count, str(like.dtype).split(".")[-1], _op_name(op), self.codec,
-                      self.block if self.codec != "none" else 0, self.determinism, options.algorithm)
-        self.device = like.device
+        self.key = (collective, count, like.dtype, getattr(op, "op", op), algorithm, compression, deterministic,
+                    like.device)
+        options_key = self.key[:1] + self.key[2:]
+        self.options = self.record.options.get(options_key)
+        if self.options is None:  # checked as the call is made, as natively: the dtype and the reduction
+            self.options = self.record.options[options_key] = self.record.config.options(
+                collective, like.dtype, op, algorithm or "", compression or "", deterministic or "")
+        self.layout, self.nbytes, self.id = None, nbytes, None
+        self.algorithm = f"layered over {self.record.mover}"  # until its layout is found (see begin)
+        self.seq = next(self.record.seq)
 
     def begin(self):
-        """The plan (where it runs: the hosts of the mover's ranks are found by the group's
-        first call, as its first collectives) and the start of the record."""
+        """The call's layout (made at its kind's first call: where it runs; the hosts of the
+        mover's ranks are found by the group's first call, as its first collectives) and
+        the start of its record."""
+        record = self.record
         try:
-            hosts = self.record.hosts_of(self.group, self.device)
+            record.hosts_of(self.group, self.device)
         except Exception as e:
             self.fail("finding the mover's hosts", e)
-        self.host_team, self.column_team = hosts.host_team, hosts.column_team
-        self.plan = _C.layered_plan(self.collective, self.dtype, self.count, self.options, hosts.host_of, hosts.within,
-                                    hosts.across, hosts.core_share, self.device.type == "cuda",
-                                    self.record.mover in _PAIRWISE_MOVERS)
-        self.algorithm = f"{self.plan.variant} over {self.record.mover}"
-        self.id = self.record.recorder.begin(self.collective, self.seq, self.dtype, self.count, self.op, self.options,
-                                             self.plan, self.nbytes, self.device.index if self.device.type == "cuda"
-                                             else -1)
+        self.layout = record.layouts.get(self.key, lambda: _Layout(
+            record, self.group, self.collective, self.key[2], self.key[1], self.op, self.options, self.device,
+            self.nbytes))
+        if self.layout.on_device and torch.cuda.is_current_stream_capturing():
+            self.layout.pinned = True  # a CUDA graph replays into its buffers: they stay
+        self.algorithm = self.layout.algorithm
+        self.id = record.recorder.begin(self.layout.kind, self.seq)
 
-    def run(self, steps, result, async_op):
+    def run(self, steps, result, async_op, stage):
         """Runs the agreement, then ``steps``; returns a LayeredWork for ``async_op``, else
-        None. On CUDA tensors at once (the steps only enqueue work on the stream); on CPU
-        tensors on the group's *lane*, a thread of its own from the group's first
-        asynchronous call on: the caller goes on (DDP and FSDP overlap the reduction with
-        backward) and the lane makes the calls one after the other, in the order they were
-        made, so that every rank starts the mover's collectives in the same order. From
-        then on a call without ``async_op`` waits for its turn on the lane too. While a
-        call is on the lane, the mover group must not be used directly: the order of its
-        collectives would then differ between ranks."""
+        None. ``stage`` puts a one-shot call's data in this rank's message of the opening
+        all-gather, the agreement's (stamps.py). On CUDA tensors at once (the steps
+        only enqueue work on the stream); on CPU tensors on the group's *lane*, a thread of
+        its own from the group's first asynchronous call on: the caller goes on (DDP and
+        FSDP overlap the reduction with backward) and the lane makes the calls one after
+        the other, in the order they were made, so that every rank starts the mover's
+        collectives in the same order. From then on a call without ``async_op`` waits for
+        its turn on the lane too. While a call is on the lane, the mover group must not be
+        used directly: the order of its collectives would then differ between ranks."""
         def whole():
             try:
                 self.begin()
-                self.agree()
+                if self.layout.variant == ONESHOT:
+                    stage()
+                stamps.agree(self)
                 steps()
             except BaseException as e:  # ended already where the mover failed or ranks disagreed
-                self.record.scratch.drop()
+                self.record.layouts.drop(self.key)
                 self.end(f"pycomm: {self.describe()} failed on rank {self.rank}: {e}")
                 raise
             self.end()
 
+        stamps.check(self.record, self.device)
         lane = self.record.lane
         if self.device.type == "cuda" or (lane is None and not async_op):
             whole()
@@ -168,26 +156,6 @@ class _Call:
         work.wait()
         return None
 
-    def agree(self):
-        """Step 0: every rank's stamp, gathered and compared with this rank's."""
-        device = self.device
-        mine = torch.tensor([_STAMP_MARK, *map(_code, self.stamp)], dtype=torch.int64,
-                            pin_memory=device.type == "cuda").to(device, non_blocking=True)
-        everyone = torch.empty(self.size * mine.numel(), dtype=torch.int64, device=device)
-        self.wait(self.move(_ALL_GATHER, everyone, mine))
-        everyone = everyone.view(self.size, -1)
-        if device.type == "cuda":  # no host synchronization: see the package's docstring
-            torch._assert_async((everyone == mine).all(), "pycomm: ranks called different layered collectives or "
-                                                          "arguments (stamps differ)")
-            return
-        for peer, theirs in enumerate(everyone.tolist()):
-            if theirs[0] != _STAMP_MARK:
-                self.disagree(f"rank {peer} sent something else than a stamp: it is in another operation")
-            for field, value, code in zip(_STAMP_FIELDS, self.stamp, theirs[1:]):
-                if _code(value) != code:
-                    self.disagree(f"rank {peer} called it with {field} {_decoded(code, value)} where this rank has "
-                                  f"{value}")
-
     def disagree(self, what):
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: ranks called different " \
                   "collectives or arguments"
@@ -204,23 +172,30 @@ class _Call:
         except Exception as e:
             self.fail(what, e)
 
-    def pairwise(self, sends, receives):
+    def gather(self, output, input):
+        """Starts the mover's all-gather of ``input``, the same size on every rank, into
+        ``output`` (rank p's at row p): torch.distributed's all-gather without its Python
+        checks, for the opening of every call (stamps.py). :meth:`wait` for it."""
+        try:
+            return _ALL_GATHER, self.group._allgather_base(output.view(-1), input)
+        except Exception as e:
+            self.fail(_ALL_GATHER, e)
+
+    def pairwise(self, sends, receives, what="pairwise sends"):
         """Starts the mover's point-to-point transfers: ``sends`` and ``receives`` are
         (peer, byte tensor) pairs that match the peers' receives and sends (every rank
         knows every length once the stamps agree); empty ones are left out on both sides.
         :meth:`wait` for them."""
-        ops = [dist.P2POp(dist.irecv, t, group=self.group, tag=_PAIRWISE_TAG, group_peer=p) for p, t in receives
-               if t.numel()]
-        ops += [dist.P2POp(dist.isend, t, group=self.group, tag=_PAIRWISE_TAG, group_peer=p) for p, t in sends
-                if t.numel()]
         try:
-            return "pairwise sends", _AllOf(dist.batch_isend_irecv(ops) if ops else [])
+            works = [self.group.recv([t], p, _PAIRWISE_TAG) for p, t in receives if t.numel()]
+            works += [self.group.send([t], p, _PAIRWISE_TAG) for p, t in sends if t.numel()]
         except Exception as e:
-            self.fail("pairwise sends", e)
+            self.fail(what, e)
+        return what, _AllOf(works)
 
     def wait(self, moving):
-        """Waits for what :meth:`move` or :meth:`pairwise` started; its failure fails this operation.
-        (For NCCL, the current stream waits, not the host.)"""
+        """Waits for what :meth:`move` or :meth:`pairwise` started; its failure fails this
+        operation. (For NCCL, the current stream waits, not the host.)"""
         what, work = moving
         try:
             work.wait()
@@ -231,32 +206,38 @@ class _Call:
         message = f"pycomm: {self.describe()} failed on rank {self.rank}: {what}: {error}"
         raise dist.DistBackendError(self.end(message)) from error
 
-    def buffer(self, role, part, nbytes, zero_from=None):
-        """A byte buffer of the group's scratch for ``role`` in part ``part`` of this call;
-        zeroed from byte ``zero_from`` on, where given (padding that travels)."""
-        b = self.record.scratch.get(role, part, nbytes, self.device)
-        if zero_from is not None:
-            b[zero_from:].zero_()
-        return b
+    def buffer(self, role, part, nbytes):
+        """The layout's byte buffer for ``role`` in part ``part`` (kept from call to call)."""
+        return self.layout.buffer(role, part, nbytes)
 
     def fold(self, out, terms, forms, count, stage, op=None, dtype=None, codec=None):
         """The call's fold (its dtype, operator and codec, unless given) of ``count``
         elements: ``_C.fold``'s contract."""
         if not count:
             return
-        op, dtype, codec = self.op if op is None else op, dtype or self.dtype, codec or self.codec
-        while self.terms_per_fold and len(terms) > self.terms_per_fold:  # in slices: see terms_per_fold
+        layout = self.layout
+        op, dtype, codec = self.op if op is None else op, dtype or layout.dtype, codec or layout.codec
+        fold, most = layout.kernels.fold, layout.terms_per_fold
+        while most and len(terms) > most:  # in slices: see terms_per_fold
             partial = torch.empty(count, dtype=PARTIAL_DTYPES.get(dtype, dtype), device=out.device)
-            self.kernel(partial, terms[:self.terms_per_fold], forms[:self.terms_per_fold], dtype, count, op,
-                        self.size, self.exact, codec, self.block, _C.Stage.Partial)
-            terms = [partial, *terms[self.terms_per_fold:]]
-            forms = [_C.Form.Partial, *forms[self.terms_per_fold:]]
-        self.kernel(out, terms, forms, dtype, count, op, self.size, self.exact, codec, self.block, stage)
+            fold(partial, terms[:most], forms[:most], dtype, count, op, self.size, layout.exact, codec, layout.block,
+                 _C.Stage.Partial)
+            terms, forms = [partial, *terms[most:]], [_C.Form.Partial, *forms[most:]]
+        fold(out, terms, forms, dtype, count, op, self.size, layout.exact, codec, layout.block, stage)
+
+    def fold_segments(self, plain, slots, segments, skip, slot_bytes, stage, op=None, dtype=None):
+        """A codec's step over every segment at once: ``_C.fold_segments``' contract, of the
+        segments (count, parts, unit) of ``plain``, in the call's dtype and operator unless
+        given."""
+        layout = self.layout
+        layout.kernels.fold_segments(plain, slots, *segments, skip, slot_bytes, dtype or layout.dtype,
+                                     self.op if op is None else op, self.size, layout.exact, layout.codec,
+                                     layout.block, stage)
 
     def end(self, failure=None):
         """Ends the operation's record; returns ``failure`` with where the flight recorder
         was written, if it was."""
-        if self.id is None:  # ended already
+        if self.id is None:  # ended already, or never begun
             return failure
         ended, self.id = self.id, None
         if failure is None:
@@ -275,18 +256,3 @@ class _AllOf:
     def wait(self):
         for w in self.works:
             w.wait()
-
-
-def _op_name(op):
-    return str(getattr(op, "op", op)).rsplit(".", 1)[-1]
-
-
-def _decoded(code, like):
-    """A peer's stamp field for a message: an integer field as it is; a name by the
-    names this rank knows for that field."""
-    if isinstance(like, int):
-        return code
-    names = ["allreduce", "reduce_scatter", "allgather", "none", *_C.algorithms, *_C.codecs, *_C.determinism_levels,
-             *(str(d).split(".")[-1] for d in vars(torch).values() if isinstance(d, torch.dtype)),
-             *dist.ReduceOp.RedOpType.__members__]
-    return next((name for name in names if _code(name) == code), f"(unknown, code {code})")

@@ -57,8 +57,8 @@ def _machine():
         return f.read().strip()
 
 
-def _hosts(group, device):
-    """Which host each rank of ``group`` is on (``_C.hosts_of`` of every rank's host key,
+def _hosts(group, device, config):
+    """Which host each rank of ``group`` is on (``config.hosts_of`` of every rank's host key,
     gathered once by the mover with its machine and count of usable cores), and, where a
     two-level algorithm could run (several hosts of L >= 2 ranks each, numbered host by
     host), the mover's subgroups of this rank's host and of its column, with the mover's
@@ -67,7 +67,7 @@ def _hosts(group, device):
     everyone = torch.empty(len(mine) * group.size(), dtype=torch.int64, device=device)
     getattr(dist, _ALL_GATHER)(everyone, torch.tensor(mine, device=device), group=group)
     keys, machines, cores = everyone.view(-1, len(mine)).t().tolist()
-    host_of = _C.hosts_of([str(k) for k in keys])
+    host_of = config.hosts_of([str(k) for k in keys])
     hosts = [[r for r, h in enumerate(host_of) if h == host] for host in range(max(host_of) + 1)]
     core_share = min(cores[r] / machines.count(machines[r]) for r in range(group.size()))
     if not _C.hosts_in_blocks(host_of):

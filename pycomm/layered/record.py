@@ -1,68 +1,80 @@
 """What a rank keeps of the layered calls on one group, from one call to the next: their
-record (counters, flight recorder and log lines), the options of each kind of call, the
-mover's hosts, the lane of its calls on CPU tensors and their scratch buffers."""
+record (counters, flight recorder and log lines), the knobs read once, the layout of each
+kind of call (with its scratch buffers), the mover's hosts, and the lane of its calls on
+CPU tensors."""
 from __future__ import annotations
 
+import collections
 import itertools
 import json
-
-import torch
 
 from .. import _C
 from .mover import _hosts, mover_name
 
 
-# The most bytes of buffers a group's layered calls keep from call to call (see _Scratch).
+# The most bytes of scratch buffers a group's layouts keep, past which the least recently
+# used ones are let go (see _Layouts).
 _SCRATCH_BYTES = 256 << 20
 
 
-class _Scratch:
-    """Byte buffers of a group's layered calls on host memory, kept from one call to the
-    next: a fresh buffer costs the first touch of its pages, about 0.4 ms per MiB on this
-    project's machines, as much as the mover takes to carry it. A group's calls run one at
-    a time, so the buffer of a (role, part) serves one step of one part of the running
-    call. At most _SCRATCH_BYTES are kept; larger needs are allocated per call, as are
-    device buffers (torch's caching allocator keeps those)."""
+class _Layouts:
+    """A group's layouts (layout._Layout) by the key of their kind of call, most recently
+    used last. A fresh buffer costs the first touch of its pages, about 0.4 ms per MiB on
+    this project's machines, as much as the mover takes to carry it: buffers stay with
+    their layout. Past _SCRATCH_BYTES of them, the least recently used layouts are let
+    go, but the one in use and those a CUDA graph captured (``pinned``: the graph replays
+    into their buffers)."""
 
     def __init__(self):
-        self.kept, self.total = {}, 0
+        self.kept, self.total = collections.OrderedDict(), 0
 
-    def get(self, role, part, nbytes, device):
-        if device.type != "cpu":
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        held = self.kept.get((role, part))
-        if held is None or held.numel() < nbytes:
-            grown = self.total + nbytes - (0 if held is None else held.numel())
-            if grown > _SCRATCH_BYTES:
-                return torch.empty(nbytes, dtype=torch.uint8)
-            held, self.total = torch.empty(nbytes, dtype=torch.uint8), grown
-            self.kept[(role, part)] = held
-        return held[:nbytes]
+    def get(self, key, make):
+        layout = self.kept.get(key)
+        if layout is None:
+            layout = self.kept[key] = make()
+        else:
+            self.kept.move_to_end(key)
+        return layout
 
-    def drop(self):
-        """Lets the buffers go (after a failed call, whose transfers may still be writing)."""
-        self.kept, self.total = {}, 0
+    def grew(self, layout, nbytes):
+        """``layout`` took ``nbytes`` more of scratch: older layouts go past the limit."""
+        self.total += nbytes
+        for key, old in list(self.kept.items()):
+            if self.total <= _SCRATCH_BYTES:
+                break
+            if old is not layout and not old.pinned:
+                self.drop(key)
+
+    def drop(self, key):
+        """Lets a layout go (also after a failed call, whose transfers may still be writing
+        into its buffers)."""
+        layout = self.kept.pop(key, None)
+        if layout is not None:
+            self.total -= layout.scratch_bytes
 
 
 class _GroupRecord:
     """What this rank keeps of the layered calls on one group: their record (counters,
-    flight recorder and log lines, kept as a pycomm group keeps its own), options, hosts
-    and lane."""
+    flight recorder and log lines, kept as a pycomm group keeps its own), the knobs
+    (read once, here), options, layouts, hosts and lane."""
 
     def __init__(self, group, mover):
         self.name, self.rank, self.size, self.mover = group.group_name, group.rank(), group.size(), mover
         self.seq = itertools.count(1)
-        self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover)
-        self.options = {}  # the options of each kind of call, read from the environment once
+        self.config = _C.LayeredConfig()
+        self.kernels = self.config.kernels()
+        self.recorder = _C.LayeredRecorder(self.name, self.rank, self.size, mover, self.config)
+        self.options = {}  # the options of each kind of call
+        self.layouts = _Layouts()
+        self.openings = {}  # by device: stamps._Opening, the buffers of every call's opening all-gather
         self.lane = None  # the thread of its calls on CPU tensors, from the first asynchronous one
         self.hosts = None  # _Hosts, found at the group's first call
-        self.scratch = _Scratch()
 
     def hosts_of(self, group, device):
         """_hosts of the group, found as the first steps of its first call on every rank
         (before that call's own collectives, wherever it runs)."""
         if self.hosts is None:
-            self.hosts = _hosts(group, device)
+            self.hosts = _hosts(group, device, self.config)
         return self.hosts
 
     def stats(self):
