@@ -542,6 +542,54 @@ def test_ranks_that_disagree_fail_on_every_rank(collective, ws):
             assert after == 1000 * ws, (case, after)
 
 
+def device_path_world(rank, ws):
+    """The device path on CPU tensors, gloo moving them (layout.on_device made true, the
+    CPU ops standing in for a device's kernels): every buffer kept, stamps written and
+    judged by the kernels, the direct algorithm's collectives, a disagreement raised by the
+    next wait or call. Returns the cases whose bits differ from the native path's, the
+    algorithms that ran, and, for a disagreement the transfers cannot feel (two fp8 codecs,
+    one width) in one shot and in the direct algorithm (a group each: a disagreement found
+    on the device stays), what each wait and the call after it raised."""
+    import pycomm
+    from pycomm.layered import layout
+
+    layout.on_device = lambda device: True
+    gloo = dist.new_group(backend="gloo", timeout=group_timeout())
+    differ, ran = [], set()
+    cases = [(collective, dtype, op, count, codec, mode) for collective in ("allreduce", "reduce_scatter", "allgather")
+             for count in (7, 1001, 65537) for codec in (None, "bf16", "fp8_e4m3") for mode in (True, "exact")
+             for dtype, op in [(torch.float32, "AVG"), (torch.bfloat16, "SUM")]]
+    for i, (collective, dtype, op, count, codec, mode) in enumerate(cases):
+        x = _values(rank, count * (ws if collective == "reduce_scatter" else 1), dtype, i)
+        native = _outcome(lambda: _run(collective, None, x, _op(op), codec, mode, ws))
+        layered = _outcome(lambda: _run(collective, gloo, x, _op(op), codec, mode, ws))
+        if not (native[0] == layered[0] == "ok" and torch.equal(native[1], layered[1])):
+            differ.append((collective, str(dtype), op, count, codec, mode, str(layered)[:200]))
+    for collective in ("allreduce", "reduce_scatter", "allgather"):
+        ran |= set(pycomm.stats(gloo)["collectives"][collective])
+    raised = {}
+    for count in (1001, 65537):
+        group = dist.new_group(backend="gloo", timeout=group_timeout())
+        t = torch.ones(count)
+        work = pycomm.all_reduce(t, group=group, compression="fp8_e4m3" if rank == 0 else "fp8_e5m2", async_op=True)
+        raised[count] = [_outcome(work.wait)[1:], _outcome(lambda: pycomm.all_reduce(t, group=group))[1:]]
+    return differ, ran, raised
+
+
+def test_device_path_on_host_memory():
+    results = run_world(device_path_world, 3, timeout=300)
+    for rank, (differ, ran, raised) in enumerate(results):
+        assert not differ, f"rank {rank}: {len(differ)} cases differ from the native path, e.g. {differ[:3]}"
+        assert ran == {"layered-oneshot", "layered-direct"}, ran
+        mine, peer, theirs = ("fp8_e4m3", 1, "fp8_e5m2") if rank == 0 else ("fp8_e5m2", 0, "fp8_e4m3")
+        for count, outcomes in raised.items():
+            for kind, message in outcomes:  # the wait, then the next call
+                assert kind == "DistBackendError", (count, kind, message)
+                assert f"allreduce #1 over gloo on group" in message and f"failed on rank {rank}: rank {peer} called " \
+                    f"it with compression {theirs} where this rank has {mine}: ranks called different collectives " \
+                    "or arguments (compared on the device" in message, message
+
+
 def overlap_world(rank, ws):
     """Asynchronous calls on CPU tensors return before the mover has carried them (the last
     rank joins late); several in flight, then a blocking one, keep their order; an error

@@ -361,6 +361,8 @@ COMPILED_FOLDS = [
 # World sizes whose layered folds must compile to one kernel (counts that are not
 # multiples of 16, which Triton specializes on, as it does on a count of 1).
 SAME_KERNEL_WORLDS = [9, 67, 130]
+# A codec's steps over every segment of a call (fold_segments).
+COMPILED_SEGMENT_STEPS = [("segments", Stage.Encoded), ("segments", Stage.Final)]
 def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
     """The fold kernel compiled for sm_90 without a GPU, for the arguments ``fold`` launches
     it with: its PTX divides correctly rounded (div.rn) and fuses no multiply-add."""
@@ -377,35 +379,69 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
         out = _output(torch.float32, n, "fp8_e4m3", block, Stage.FinalEncoded)
         triton_kernels.fold(out, terms, forms, torch.float32, n, _op("AVG"), world, True, "fp8_e4m3", block,
                             Stage.FinalEncoded)
+    slots = torch.zeros(3 * 128, dtype=torch.uint8)
+    for _, stage in COMPILED_SEGMENT_STEPS:  # every segment encoded, and decoded, in one launch
+        triton_kernels.fold_segments(torch.zeros(n, dtype=torch.bfloat16), slots, n, 3, block, 1, 128,
+                                     torch.bfloat16, _op("PREMUL_SUM"), 3, False, "fp8_e4m3", block, stage)
     ptxs = [ptx for _, ptx in compile_sm90({"pycomm.triton_kernels:_fold_kernel": launches})]
-    for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS, ptxs, strict=True):
+    for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS + COMPILED_SEGMENT_STEPS, ptxs, strict=True):
         assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
         if case in SAME_KERNEL_WORLDS or case[1] == "AVG":
             assert re.search(r"\bdiv\.rn\.f(?:32|64)\b", ptx), case
-    assert len(set(ptxs[len(COMPILED_FOLDS):])) == 1, "the fold kernel differs between world sizes"
+    assert len(set(ptxs[len(COMPILED_FOLDS):len(COMPILED_FOLDS) + len(SAME_KERNEL_WORLDS)])) == 1, \
+        "the fold kernel differs between world sizes"
 
 
-def layered_on_triton_world(rank, ws):
+def test_compiled_stamp_kernels(monkeypatch):
+    """The stamps' kernels compiled for sm_90, as write_stamp and judge_stamps launch them:
+    the words as arguments, the verdict released to the host."""
+    skip_without_compiler()
+    launches = {"pycomm.triton_kernels:_write_words_kernel": Launches(),
+                "pycomm.triton_kernels:_judge_kernel": Launches()}
+    for name, recorded in launches.items():
+        monkeypatch.setattr(triton_kernels, name.split(":")[1], recorded)
+    triton_kernels.write_stamp(torch.zeros(10, dtype=torch.int64), list(range(10)))
+    triton_kernels.judge_stamps(torch.zeros(4, 10, dtype=torch.int64), torch.zeros(10, dtype=torch.int64), -1,
+                                torch.zeros(_C.VERDICT_WORDS, dtype=torch.int64))
+    (_, write), (_, judge) = compile_sm90(launches)
+    assert len(re.findall(r"\bst\.global\.b64\b", write)) == 10, write  # one store per word, from the arguments
+    assert re.search(r"\batom\.global\.sys\.release\.exch\.b64\b", judge), judge  # the verdict's first word last
+
+
+def layered_on_triton_world(rank, ws, device_path):
     """The layered path over gloo with the Triton kernels (interpreted) in place of the
-    CPU ops: the native path's bits."""
+    CPU ops, in one shot and in the direct algorithm (pairwise, or with ``device_path``
+    the device's: layout.on_device made true, its stamps written and judged by the
+    Triton kernels, its codec steps over every segment at once): the native path's bits."""
     import pycomm
     from pycomm.layered import layout  # whose _Layout reads kernels_for
 
     layout.kernels_for = lambda device, choice: triton_kernels
+    if device_path:
+        layout.on_device = lambda device: True
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
-    problems = []
-    for i, (dtype, codec, mode) in enumerate([(torch.float32, None, "exact"), (torch.bfloat16, "fp8_e4m3", True),
-                                              (torch.float32, "fp16", "exact"), (torch.float16, None, True)]):
-        x = _data(700, dtype, 10 * i + rank, specials=False)
+    problems, ran = [], set()
+    for i, (dtype, codec, mode, count) in enumerate([
+            (torch.float32, None, "exact", 700), (torch.bfloat16, "fp8_e4m3", True, 700),
+            (torch.float32, "fp16", "exact", 700), (torch.float16, None, True, 700),
+            (torch.float32, "fp8_e4m3", "exact", 12001), (torch.bfloat16, "bf16", True, 6001)]):
+        x = _data(count, dtype, 10 * i + rank, specials=False)
         native, over_gloo = x.clone(), x.clone()
         pycomm.all_reduce(native, dist.ReduceOp.AVG, compression=codec, deterministic=mode)
-        pycomm.all_reduce(over_gloo, dist.ReduceOp.AVG, group=gloo, compression=codec, deterministic=mode)
+        work = pycomm.all_reduce(over_gloo, dist.ReduceOp.AVG, group=gloo, compression=codec, deterministic=mode,
+                                 async_op=True)
+        work.wait()
+        ran.add(work.algorithm)
         if not _equal(native, over_gloo):
-            problems.append((str(dtype), codec, mode))
-    return problems
+            problems.append((str(dtype), codec, mode, count))
+    return problems, ran
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU, tests/test_cuda.py runs the layered path on the compiled kernels")
-def test_layered_path_on_triton_kernels():
-    for problems in run_world(layered_on_triton_world, 3, env={"TRITON_INTERPRET": "1"}, timeout=180):
+@pytest.mark.parametrize("device_path", [False, True])
+def test_layered_path_on_triton_kernels(device_path):
+    direct = "layered-direct" if device_path else "layered-pairwise"
+    for problems, ran in run_world(layered_on_triton_world, 3, args=(device_path,), env={"TRITON_INTERPRET": "1"},
+                                   timeout=240):
         assert not problems, problems
+        assert ran == {"layered-oneshot over gloo", f"{direct} over gloo"}, ran

@@ -99,7 +99,7 @@ class _Call:
         self.layout = record.layouts.get(self.key, lambda: _Layout(
             record, self.group, self.collective, self.key[2], self.key[1], self.op, self.options, self.device,
             self.nbytes))
-        if self.layout.on_device and torch.cuda.is_current_stream_capturing():
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             self.layout.pinned = True  # a CUDA graph replays into its buffers: they stay
         self.algorithm = self.layout.algorithm
         self.id = record.recorder.begin(self.layout.kind, self.seq)
