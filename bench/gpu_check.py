@@ -26,6 +26,13 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
   allreduce     the layered default-mode, exact and fp8 all-reduce over NCCL against NCCL's
                 own all-reduce at 1 rank; the native CUDA all-reduce at 2 ranks on the GPU
                 (under MPS where its daemon starts, else time-sliced) against gloo
+  host-cost     the host's time per call with the stream held behind a long kernel (so that
+                only the host's work counts), NCCL's own all-reduce and the layered one in
+                the default mode, exact and fp8_e4m3, at 1 rank (which gathers no stamps)
+  graphs        each layered collective (all-reduce, reduce-scatter, all-gather; default,
+                exact, fp8_e4m3) over NCCL captured in a CUDA graph after a warm-up call and
+                replayed 100 times on new data: every replay's bits those of the same call
+                made outside the graph
   stream-wait   whether Work.wait() of a CUDA collective queued behind a long kernel holds
                 the host or only the current stream (native path and layered over NCCL)
   sanitizer     compute-sanitizer memcheck on the kernel tests (optional)
@@ -134,6 +141,10 @@ def plan(dry):
              own("throughput"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
              own("allreduce"), measures=True),
+        Step("host-cost", 60, "host time per call, the stream held: NCCL against layered (default, exact, fp8)",
+             own("host-cost"), measures=True),
+        Step("graphs", 90, "layered collectives over NCCL captured in CUDA graphs, 100 replays: the bits of eager "
+             "calls", own("graphs"), measures=True),
         Step("stream-wait", 60, "Work.wait() behind a long kernel: host or stream", own("stream-wait"),
              measures=True),
         Step("sanitizer", 100, "compute-sanitizer memcheck: reduce and codec kernel tests",
@@ -503,8 +514,118 @@ def step_stream_wait(dry, save):
     return {"rows": rows, "verdict": "FAIL: wrong values: %s" % wrong if wrong else "pass"}
 
 
+def _layered_variants(mover):
+    """The layered all-reduce's modes a step measures, by name: (algorithm's name, the
+    direct API's keyword arguments)."""
+    return [("layered over %s, default mode" % mover, {"deterministic": True}),
+            ("layered over %s, exact" % mover, {"deterministic": "exact"}),
+            ("layered over %s, fp8_e4m3" % mover, {"compression": "fp8_e4m3"})]
+
+
+def step_host_cost(dry, save):
+    """The host's time per call, at 1 rank: the stream held behind a kernel longer than
+    all the calls take to enqueue, so that nothing the host does waits for the device and
+    the time is only the host's (what a CUDA graph removes); each call then checked."""
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    device = _device(dry)
+    calls = 5 if dry else 50  # the device's queue of launches stays far from full
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _init_world("gloo" if dry else "nccl", 0, 1, os.path.join(tmp, "one"))
+        mover = dist.get_backend()
+        held_s = 0.0 if dry else 0.5
+        cycles = 0 if dry else int(held_s * _sleep_cycles_per_second())
+        for size in (4 << 10, 1 * MiB):
+            t = torch.ones(size // 4, device=device)
+            variants = [(mover + " all_reduce", lambda: dist.all_reduce(t))] + [
+                (name, lambda kw=kw: pycomm.all_reduce(t, **kw)) for name, kw in _layered_variants(mover)]
+            for name, call in variants:
+                call()  # each kind's first call makes what its next calls keep
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(cycles)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                host_s = (time.perf_counter() - t0) / calls
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                rows.append({"backend": name, "bytes": size, "host us": host_s * 1e6, "stream held s": held_s,
+                             "right values": bool(torch.all(t == 1).item())})
+                print("%-36s %9d B %8.1f us of host per call" % (name, size, host_s * 1e6), flush=True)
+                save({"rows": rows, "verdict": "FAIL: cut short"})
+        dist.destroy_process_group()
+    late = [r["backend"] for r in rows if r["host us"] * calls > 1e6 * held_s > 0]
+    wrong = [r["backend"] for r in rows if not r["right values"]]
+    verdict = "pass" if not wrong and not late else "FAIL: %s" % "; ".join(
+        (["wrong values: %s" % wrong] if wrong else []) + (["calls outlasted the held stream: %s" % late] if late else []))
+    return {"rows": rows, "verdict": verdict}
+
+
+# The layered collectives the graphs step captures: (collective, the direct API's keyword arguments).
+GRAPH_CASES = [(collective, kw) for collective in ("allreduce", "reduce_scatter", "allgather")
+               for kw in ({"deterministic": True}, {"deterministic": "exact"}, {"compression": "fp8_e4m3"})]
+
+
+def step_graphs(dry, save):
+    """Each layered collective captured in a CUDA graph after a warm-up call (which makes
+    its layout, its buffers and the mover's communicator), then replayed on new data, each
+    replay's output compared bit for bit with the same call made outside the graph. In a
+    dry run the calls stand in for the replays."""
+    import torch
+    import torch.distributed as dist
+
+    import pycomm
+
+    device = _device(dry)
+    replays = 3 if dry else 100
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        _init_world("gloo" if dry else "nccl", 0, 1, os.path.join(tmp, "one"))
+        for collective, kw in GRAPH_CASES:
+            n = 1 << 16
+            data = torch.empty(n, device=device)
+            out = torch.empty(n, device=device)
+
+            def call(x, y):
+                if collective == "allreduce":
+                    y.copy_(x)
+                    pycomm.all_reduce(y, dist.ReduceOp.AVG, **kw)
+                elif collective == "reduce_scatter":
+                    pycomm.reduce_scatter_tensor(y, x, dist.ReduceOp.AVG, **kw)
+                else:
+                    pycomm.all_gather_into_tensor(y, x, **kw)
+
+            call(data.normal_(), out)  # the warm-up
+            replay = lambda: call(data, out)  # noqa: E731 - a dry run's stand-in
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call(data, out)
+                replay = graph.replay
+            wrong = 0
+            for i in range(replays):
+                data.copy_(torch.randn(n, generator=torch.Generator().manual_seed(i)).to(device))
+                replay()
+                expected = torch.empty_like(out)
+                call(data, expected)
+                wrong += not torch.equal(out.view(torch.int32), expected.view(torch.int32))
+            rows.append({"collective": collective, "options": kw, "replays": replays, "wrong": wrong})
+            print("%-15s %-30s %d replays, %d with other bits than the eager call" % (collective, kw, replays, wrong),
+                  flush=True)
+            save({"rows": rows, "verdict": "FAIL: cut short"})
+        dist.destroy_process_group()
+    bad = ["%s %s" % (r["collective"], r["options"]) for r in rows if r["wrong"]]
+    return {"rows": rows, "verdict": "FAIL: other bits in %s" % bad if bad else "pass"}
+
+
 MEASURING = {"versions": step_versions, "throughput": step_throughput, "allreduce": step_allreduce,
-             "stream-wait": step_stream_wait}
+             "host-cost": step_host_cost, "graphs": step_graphs, "stream-wait": step_stream_wait}
 
 
 # ---------------------------------------------------------------------------------------
@@ -583,6 +704,18 @@ def summary_markdown(report):
                   "| backend | ranks | bytes | us |", "|---|---|---|---|"]
         lines += ["| %s | %d | %d | %.1f |" % (r["backend"], r["ranks"], r["bytes"], r["us"])
                   for r in ar["rows"] + ar.get("native", [])]
+    hc = results.get("host-cost")
+    if hc and hc.get("rows"):
+        lines += ["", "## Host time per call, the stream held (1 rank)", "",
+                  "| backend | bytes | host us per call | values |", "|---|---|---|---|"]
+        lines += ["| %s | %d | %.1f | %s |" % (r["backend"], r["bytes"], r["host us"],
+                                               "right" if r["right values"] else "WRONG") for r in hc["rows"]]
+    gr = results.get("graphs")
+    if gr and gr.get("rows"):
+        lines += ["", "## Layered collectives in CUDA graphs (1 rank)", "",
+                  "| collective | options | replays | other bits than the eager call |", "|---|---|---|---|"]
+        lines += ["| %s | %s | %d | %d |" % (r["collective"], r["options"], r["replays"], r["wrong"])
+                  for r in gr["rows"]]
     sw = results.get("stream-wait")
     if sw and sw.get("rows"):
         lines += ["", "## Work.wait() behind a queued kernel", "",

@@ -19,7 +19,8 @@ Marked `cuda`; skipped without a GPU (or with a CPU-only torch). With a GPU:
   is reported when the deadline passes, a peer that is killed within a liveness check;
 * the layered path on CUDA tensors (NCCL moving at 1 rank, gloo at 2 and 4), with the CUDA
   and with the Triton kernels: the native CPU path's bits for every codec and both
-  deterministic modes.
+  deterministic modes; ranks that disagree on a call, found on the device and raised by
+  the next call.
 """
 
 import pytest
@@ -458,7 +459,7 @@ def layered_on_cuda(rank, ws, mover):
             on_cpu, on_gpu = x.clone(), x.cuda()
             pycomm.all_reduce(on_cpu, compression=codec, deterministic=mode)  # native, host memory
             work = pycomm.all_reduce(on_gpu, group=group, compression=codec, deterministic=mode, async_op=True)
-            if not work.algorithm.startswith("layered-direct"):
+            if not work.algorithm.startswith(("layered-direct", "layered-oneshot")):
                 problems.append(work.algorithm)
             if not _same_bits(on_gpu, on_cpu):
                 problems.append("%s %s %s n=%d: CUDA layered != CPU native (%s)" % (dtype, codec, mode, n,
@@ -481,3 +482,35 @@ def test_layered_on_cuda_equals_native_cpu(ws, mover, kernels):
         import triton  # noqa: F401 - pinned: its absence is a failure, not a skip
     for problems in run_world(layered_on_cuda, ws, args=(mover,), env={"PYCOMM_KERNELS": kernels}, timeout=400):
         assert not problems, problems
+
+
+def layered_disagreement_on_cuda(rank, ws):
+    """Ranks that disagree on a layered call on CUDA tensors (two fp8 codecs: one width,
+    so the transfers match), in one shot and directly: the device compares the stamps,
+    nothing waits on the host, and the rank's next call on the group raises (a group for
+    each: a disagreement found on the device stays). Returns the messages."""
+    import pycomm
+
+    torch.cuda.set_device(0)
+    messages = []
+    for n in (1001, 1 << 16):
+        group = dist.new_group(backend="gloo")
+        t = torch.ones(n, device="cuda")
+        pycomm.all_reduce(t, group=group, compression="fp8_e4m3" if rank == 0 else "fp8_e5m2")
+        torch.cuda.synchronize()  # the verdict written
+        try:
+            pycomm.all_reduce(t, group=group)
+            messages.append(None)
+        except dist.DistBackendError as e:
+            messages.append(str(e))
+    return messages
+
+
+@pytest.mark.parametrize("kernels", ["cuda", "triton"])
+def test_layered_disagreement_on_cuda_raised_by_the_next_call(kernels):
+    results = run_world(layered_disagreement_on_cuda, 2, env={"PYCOMM_KERNELS": kernels}, timeout=200)
+    for rank, messages in enumerate(results):
+        mine, theirs = ("fp8_e4m3", "fp8_e5m2") if rank == 0 else ("fp8_e5m2", "fp8_e4m3")
+        for message in messages:
+            assert message and f"rank {1 - rank} called it with compression {theirs} where this rank has {mine}" \
+                in message and "compared on the device" in message, message
