@@ -424,7 +424,7 @@ def layered_on_triton_world(rank, ws, device_path):
     for i, (dtype, codec, mode, count) in enumerate([
             (torch.float32, None, "exact", 700), (torch.bfloat16, "fp8_e4m3", True, 700),
             (torch.float32, "fp16", "exact", 700), (torch.float16, None, True, 700),
-            (torch.float32, "fp8_e4m3", "exact", 12001), (torch.bfloat16, "bf16", True, 6001)]):
+            (torch.float32, "fp8_e4m3", "exact", 30001), (torch.bfloat16, "bf16", True, 12001)]):
         x = _data(count, dtype, 10 * i + rank, specials=False)
         native, over_gloo = x.clone(), x.clone()
         pycomm.all_reduce(native, dist.ReduceOp.AVG, compression=codec, deterministic=mode)

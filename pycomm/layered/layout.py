@@ -24,7 +24,7 @@ NUMBERS = {"sequence number", "count", "block"}  # the fields that are numbers; 
 # A stamp's bytes: a multiple of 16, so that data after it starts aligned for the kernels.
 STAMP_BYTES = 8 * len(STAMP_FIELDS)
 # The bytes the opening all-gather of a call gathers to every rank (stamps.py), in all.
-OPENING_BUDGET = 32 << 10
+OPENING_BUDGET = 64 << 10
 
 
 def _code(value):
