@@ -68,7 +68,7 @@ def _rank(rank, args, init, queue):
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         mover = {name: n / args.iters for (file, _, name), (_, n, *_) in profile.stats.items()
-                 if file == "~" and "_distributed_c10d." in name}
+                 if file == "~" and "_distributed_c10d." in name and "_get_backend" not in name}
         profile = (mover, text.getvalue())
     queue.put((rank, rounds, profile))
     dist.barrier()
@@ -102,7 +102,8 @@ def main():
         print("%-10s %10.1f %8.2f %14.1f %14.1f" % (name, wall[name], wall[name] / wall["gloo"], *cpu))
     mover, text = results[0][2]
     print("\nmover operations per layered call (rank 0): " +
-          ", ".join("%s %.2g" % (name.rsplit(".", 1)[-1].rstrip(">"), n) for name, n in sorted(mover.items())))
+          ", ".join("%s %.2g" % (name.split()[1].strip("'").rsplit(".", 1)[-1] if name.startswith("<method")
+                                 else name.rsplit(".", 1)[-1].rstrip(">"), n) for name, n in sorted(mover.items())))
     print(text)
     return 0
 
