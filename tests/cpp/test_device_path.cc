@@ -8,6 +8,7 @@
 // which all-reduces the communicator hands to a device team, and that an abort reaches it.
 // Point-to-point on device requests travels over the host channels, every byte of the
 // device buffers copied by the device's ops, and sets up nothing of the device path.
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -157,6 +158,16 @@ class HostRuntime final : public DeviceRuntime {
   void enqueue_reduce_terms(int, void*, const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
                             size_t n) const override {
     cpu_ops().reduce_terms(spec, stage, out, terms, k, n);
+  }
+  void enqueue_reduce_segments(int, void*, const ReduceSpec& spec, Stage stage, void* plain, void* slots,
+                               const SegmentSlots& pairs) const override {
+    cpu_ops().reduce_segments(spec, stage, plain, slots, pairs);
+  }
+  void enqueue_write_words(int, void*, int64_t* dst, const int64_t* words, int n) const override {
+    std::copy(words, words + n, dst);
+  }
+  void enqueue_judge_stamps(int, void*, const StampTable& table, int64_t* verdict) const override {
+    judge_stamps(table, verdict);
   }
   std::unique_ptr<DeviceTeam> make_team(int, const TransportSetup& setup) const override {
     ++teams_made;
