@@ -181,7 +181,7 @@ class _Call:
         except Exception as e:
             self.fail(_ALL_GATHER, e)
 
-    def pairwise(self, sends, receives, what="pairwise sends"):
+    def pairwise(self, sends, receives):
         """Starts the mover's point-to-point transfers: ``sends`` and ``receives`` are
         (peer, byte tensor) pairs that match the peers' receives and sends (every rank
         knows every length once the stamps agree); empty ones are left out on both sides.
@@ -190,8 +190,8 @@ class _Call:
             works = [self.group.recv([t], p, _PAIRWISE_TAG) for p, t in receives if t.numel()]
             works += [self.group.send([t], p, _PAIRWISE_TAG) for p, t in sends if t.numel()]
         except Exception as e:
-            self.fail(what, e)
-        return what, _AllOf(works)
+            self.fail("pairwise sends", e)
+        return "pairwise sends", _AllOf(works)
 
     def wait(self, moving):
         """Waits for what :meth:`move` or :meth:`pairwise` started; its failure fails this

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
+from . import layout
 from .layout import NUMBERS, STAMP_FIELDS, _code, opening_bytes
 
 VERDICT_WORDS = _C.VERDICT_WORDS
@@ -72,16 +73,16 @@ def opening(record, device):
 def agree(call):
     """Step 0: the opening all-gather and the comparison (see the module's docstring); a
     one-shot call's data is in this rank's message already."""
-    layout = call.layout
+    kind = call.layout
     if call.size == 1:
         return
-    held = opening(call.record, layout.device)
-    words = list(layout.stamp)
+    held = opening(call.record, kind.device)
+    words = list(kind.stamp)
     words[1] = call.seq
-    layout.kernels.write_stamp(held.stamp, words)
+    kind.kernels.write_stamp(held.stamp, words)
     call.wait(call.gather(held.received, held.sent))
-    layout.kernels.judge_stamps(held.stamps, held.stamp, -1, held.verdict)
-    if not layout.on_device and held.found[0]:
+    kind.kernels.judge_stamps(held.stamps, held.stamp, -1, held.verdict)
+    if not kind.on_device and held.found[0]:
         words = held.verdict.tolist()
         held.verdict.zero_()  # the call fails on every rank, nothing of it pending: the group goes on
         call.disagree(_difference(words))
@@ -90,7 +91,10 @@ def agree(call):
 def check(record, device):
     """Raises the disagreement the device found in an earlier call on the group, if it
     found one. It stays: the calls after it ran on what did not belong together, and the
-    mover may still hold their transfers."""
+    mover may still hold their transfers. (On host memory the call that disagrees raises,
+    and the verdict is cleared by the thread that ran it, maybe the lane: not read here.)"""
+    if not layout.on_device(device):
+        return
     held = record.openings.get(device)
     if held is not None and held.found[0]:
         words = held.verdict.tolist()
