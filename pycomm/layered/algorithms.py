@@ -206,34 +206,36 @@ def _direct_part(call, part, index):
         call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], stage)
         if layout.variant == "layered-direct+host-gather":
             # Across hosts among the ranks of this local index (rank h L + l is host h's
-            # local rank l), then within the host: slot l N + h of ``arrived`` is rank
-            # h L + l's, put in rank order below.
-            column = call.buffer("column", index, call.layout.column_team.size() * width)
+            # local rank l), then within the host: slot l N + h of ``gathered`` is rank
+            # h L + l's.
+            column = call.buffer("column", index, layout.column_team.size() * width)
             moving = call.move(_ALL_GATHER, column, result, group=layout.column_team)
             yield
             call.wait(moving)
-            arrived = call.buffer("arrived", index, n * width)
-            moving = call.move(_ALL_GATHER, arrived, column, group=layout.host_team)
-            yield
-            call.wait(moving)
-            hosts, per_host = layout.column_team.size(), layout.host_team.size()
             gathered = call.buffer("gathered", index, n * width)
-            gathered.view(hosts, per_host, width).copy_(arrived.view(per_host, hosts, width).transpose(0, 1))
-            moving = None
+            moving = call.move(_ALL_GATHER, gathered, column, group=layout.host_team)
         elif not coded and part.numel() == n * lengths[0]:  # equal segments: gathered straight into place
             moving, gathered = call.move(_ALL_GATHER, _bytes(part), result), None
         else:
             gathered = call.buffer("gathered", index, n * width)
             moving = call.move(_ALL_GATHER, gathered, result)
     yield
-    if moving is not None:
-        call.wait(moving)
+    call.wait(moving)
+    order = range(n)  # the slot of each rank's result in ``gathered``
+    if layout.variant == "layered-direct+host-gather":
+        hosts, per_host = layout.column_team.size(), layout.host_team.size()
+        order = [(s % per_host) * hosts + s // per_host for s in range(n)]
+        if coded:  # in rank order, for the codec's one step over every segment
+            ranked = call.buffer("gathered in rank order", index, n * width)
+            ranked.view(hosts, per_host, width).copy_(gathered.view(per_host, hosts, width).transpose(0, 1))
+            gathered = ranked
     if coded:  # decoding alone: the results were finalized before they were encoded
         call.fold_segments(part, gathered, segments, -1, width, Stage.Final, op=SUM)
     elif gathered is not None and layout.variant != PAIRWISE:
         for s in range(n):
             if lengths[s]:
-                _bytes(part[begins[s]:begins[s + 1]]).copy_(gathered[s * width:s * width + wire(lengths[s])])
+                _bytes(part[begins[s]:begins[s + 1]]).copy_(gathered[order[s] * width:order[s] * width +
+                                                                      wire(lengths[s])])
 
 
 def _hierarchical_parts(call, flat):
@@ -398,18 +400,12 @@ def _all_gather(call, output, out, flat_in):
     layout, n, r, count = call.layout, call.size, call.rank, flat_in.numel()
     if count == 0:
         return
-    coded, size = layout.coded, layout.wire(count)
-    segments = (n * count, n, 1)
-    if layout.variant == ONESHOT:  # every rank's input came in the opening, this rank's own too
-        if not coded:
+    size = layout.wire(count)
+    if not layout.coded:
+        if layout.variant == ONESHOT:  # every rank's input came in the opening, this rank's own too
             _bytes(out).view(n, size).copy_(_gathered(call, 0, size))
-            _settle(output, out)
-            return
-        received = opening(call.record, call.device).received
-        gathered, width = received.view(-1)[STAMP_BYTES:], received.shape[1]
-    elif not coded:
-        slots = _pieces(_bytes(out), [size] * n)
-        if layout.variant == PAIRWISE:  # straight into place
+        elif layout.variant == PAIRWISE:  # straight into place
+            slots = _pieces(_bytes(out), [size] * n)
             moving = call.pairwise([(s, _bytes(flat_in)) for s in range(n) if s != r],
                                    [(s, slots[s]) for s in range(n) if s != r])
             slots[r].copy_(_bytes(flat_in))
@@ -418,6 +414,9 @@ def _all_gather(call, output, out, flat_in):
             call.wait(call.move(_ALL_GATHER, out, flat_in))
         _settle(output, out)
         return
+    if layout.variant == ONESHOT:  # every rank's input came in the opening, encoded
+        received = opening(call.record, call.device).received
+        gathered, width = received.view(-1)[STAMP_BYTES:], received.shape[1]
     else:
         width = slot(size)
         gathered = call.buffer("gathered", 0, n * width)
@@ -430,9 +429,5 @@ def _all_gather(call, output, out, flat_in):
             mine = call.buffer("result", 0, width)
             call.fold(mine[:size], [flat_in], [Form.Input], count, Stage.Encoded)
             call.wait(call.move(_ALL_GATHER, gathered, mine))
-    if coded:
-        call.fold_segments(out, gathered, segments, -1, width, Stage.Final)
-    else:
-        for s, piece in enumerate(_pieces(_bytes(out), [size] * n)):
-            piece.copy_(gathered[s * width:s * width + size])
+    call.fold_segments(out, gathered, (n * count, n, 1), -1, width, Stage.Final)
     _settle(output, out)

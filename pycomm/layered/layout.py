@@ -58,35 +58,32 @@ class _Layout:
     same everywhere."""
 
     def __init__(self, record, group, collective, dtype, count, op, options, device, nbytes):
-        self.record, self.collective, self.dtype, self.count, self.device = record, collective, dtype, count, device
+        self.record, self.dtype, self.device, self.element_bytes = record, dtype, device, dtype.itemsize
         self.scratch, self.scratch_bytes, self.pinned, self.memo = {}, 0, False, {}
-        self.options, self.codec, self.block = options, options.codec, options.block
-        self.determinism, self.exact = options.determinism, options.determinism == "exact"
-        self.coded = self.codec != "none"
-        self.size, self.rank = record.size, record.rank
+        self.codec, self.block, self.determinism = options.codec, options.block, options.determinism
+        self.coded, self.exact = self.codec != "none", self.determinism == "exact"
         self.on_device = on_device(device)
         self.kernels = kernels_for(device, record.kernels)
         self.terms_per_fold = terms_per_fold(self.kernels, device)
-        if self.exact and self.terms_per_fold and self.size > self.terms_per_fold and dtype.is_floating_point \
+        if self.exact and self.terms_per_fold and record.size > self.terms_per_fold and dtype.is_floating_point \
                 and _C.reduction(op, dtype)[0] in ("sum", "avg", "premul_sum"):
             self.kernels = triton_kernels(f"exact mode folds every rank's terms in one kernel, pycomm's CUDA kernels "
-                                          f"take at most {self.terms_per_fold}, and this group has {self.size} ranks")
+                                          f"take at most {self.terms_per_fold}, and this group has {record.size} ranks")
             self.terms_per_fold = None
         hosts = record.hosts_of(group, device)
         self.host_team, self.column_team = hosts.host_team, hosts.column_team
-        self.plan = _C.layered_plan(collective, dtype, count, options, hosts.host_of, hosts.within, hosts.across,
-                                    hosts.core_share, self.on_device, record.mover in _PAIRWISE_MOVERS,
-                                    opening_bytes(self.size) - STAMP_BYTES)
-        self.variant, self.parts = self.plan.variant, self.plan.parts
+        plan = _C.layered_plan(collective, dtype, count, options, hosts.host_of, hosts.within, hosts.across,
+                               hosts.core_share, self.on_device, record.mover in _PAIRWISE_MOVERS,
+                               opening_bytes(record.size) - STAMP_BYTES)
+        self.variant, self.parts = plan.variant, plan.parts
         self.algorithm = f"{self.variant} over {record.mover}"
-        self.kind = record.recorder.kind(collective, dtype, count, op, options, self.plan, nbytes,
+        self.kind = record.recorder.kind(collective, dtype, count, op, options, plan, nbytes,
                                          device.index if device.type == "cuda" else -1)
         # The block matters only under a codec, as natively; word 1, the sequence number,
         # is each call's.
         self.stamp = [_code(v) for v in (STAMP_MARK, 0, collective, count, str(dtype).split(".")[-1],
                                           _op_name(op), self.codec, self.block if self.coded else 0,
                                           self.determinism, options.algorithm)]
-        self.element_bytes = dtype.itemsize
 
     def wire(self, count, element_bytes=None):
         """The bytes of ``count`` elements (of ``element_bytes`` each, the call's by default)
