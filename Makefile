@@ -14,6 +14,8 @@ BENCH_ARGS ?= --np 4 -b 4 -e 64M -f 16
 LATENCY_ARGS ?= --np 4 -b 8 -e 256K -f 32 -n 20 --mode blocking --collective all
 BENCH_DEPS_STAMP := $(VENV)/.bench-deps-installed
 RESULTS := bench/results
+# Updates the rows of bench/results/INDEX.md for the files named (torch-free, any python).
+INDEX := $(PYTHON) pycomm/bench/index.py
 # bench-mpi: pycomm's direct API (the subject), the same backend through torch.distributed
 # (their difference is the dispatch overhead), Open MPI and Gloo, in the same processes.
 MPI_BENCH_ARGS ?= --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,mpi,gloo
@@ -234,42 +236,45 @@ openmpi:
 saved = $(2) > $(1).part; rc=$$?; cat $(1).part >> $(1); cat $(1).part; rm -f $(1).part; [ $$rc -eq 0 ]
 
 # pycomm against Open MPI (mpi4py) and Gloo, 2 and 4 ranks, throughput and latency:
-# $(RESULTS)/cpu-allreduce-mpi-np<N>-<mode>.{txt,json}.
+# $(RESULTS)/cpu/cpu-allreduce-mpi-np<N>-<mode>.{txt,json}.
 bench-mpi: build openmpi $(BENCH_DEPS_STAMP)
-	@mkdir -p $(RESULTS); for np in 2 4; do for mode in b2b blocking; do \
-	  out=$(RESULTS)/cpu-allreduce-mpi-np$$np-$$mode; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do for mode in b2b blocking; do \
+	  out=$(RESULTS)/cpu/cpu-allreduce-mpi-np$$np-$$mode; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(MPI_BENCH_ARGS) --json $$out.json) || exit 1; \
+	  $(INDEX) $$out.txt > /dev/null || exit 1; \
 	done; done
 
 # pycomm against the CPU peers users would pick instead, in the same processes: its direct
 # API, the same through torch.distributed, DeepSpeed's shared-memory all-reduce, Open MPI
-# and Gloo; 2 and 4 ranks, blocking and back to back: $(RESULTS)/cpu-peers-np<N>-<mode>.{txt,json}.
+# and Gloo; 2 and 4 ranks, blocking and back to back: $(RESULTS)/cpu/cpu-peers-np<N>-<mode>.{txt,json}.
 bench-peers: build openmpi $(BENCH_DEPS_STAMP)
-	@mkdir -p $(RESULTS); for np in 2 4; do for mode in blocking b2b; do \
-	  out=$(RESULTS)/cpu-peers-np$$np-$$mode; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do for mode in blocking b2b; do \
+	  out=$(RESULTS)/cpu/cpu-peers-np$$np-$$mode; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np --mode $$mode $(PEERS_BENCH_ARGS) --json $$out.json \
 	    --markdown $$out.md) || exit 1; \
-	done; cat $(RESULTS)/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu-peers-np$$np-b2b.md > $(RESULTS)/cpu-peers-np$$np.md; \
-	rm $(RESULTS)/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu-peers-np$$np-b2b.md; done
+	done; cat $(RESULTS)/cpu/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu/cpu-peers-np$$np-b2b.md > $(RESULTS)/cpu/cpu-peers-np$$np.md; \
+	rm $(RESULTS)/cpu/cpu-peers-np$$np-blocking.md $(RESULTS)/cpu/cpu-peers-np$$np-b2b.md; \
+	$(INDEX) $(RESULTS)/cpu/cpu-peers-np$$np.md $(RESULTS)/cpu/cpu-peers-np$$np-*.txt > /dev/null || exit 1; done
 
 # Every pycomm all-reduce algorithm against the automatic choice, 2 and 4 ranks:
-# $(RESULTS)/cpu-allreduce-algos-np<N>.{txt,json,png}; the .txt ends with the best per size.
+# $(RESULTS)/cpu/cpu-allreduce-algos-np<N>.{txt,json,png}; the .txt ends with the best per size.
 bench-algos: build $(BENCH_DEPS_STAMP)
-	@mkdir -p $(RESULTS); for np in 2 4; do \
-	  out=$(RESULTS)/cpu-allreduce-algos-np$$np; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do \
+	  out=$(RESULTS)/cpu/cpu-allreduce-algos-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(ALGOS_BENCH_ARGS) --json $$out.json) || exit 1; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench.plot $$out.json -o $$out.png) || exit 1; \
+	  $(INDEX) $$out.txt $$out.png > /dev/null || exit 1; \
 	done
 
 # The torch-free core over TCP on loopback at 128 ranks (threads of one process, as in
 # make test) and 256 (4 processes of 64): set-up, an all-to-all burst in which every
 # unconnected pair connects at once, twoshot and tree all-reduces, descriptors and threads
-# per rank: $(RESULTS)/cpu-scale-core.txt.
+# per rank: $(RESULTS)/scale/cpu-scale-core.txt.
 bench-scale-core: build/cpp/test_scale
-	@mkdir -p $(RESULTS); out=$(RESULTS)/cpu-scale-core.txt; rm -f $$out; \
+	@mkdir -p $(RESULTS)/scale; out=$(RESULTS)/scale/cpu-scale-core.txt; rm -f $$out; \
 	for world in 128:1 256:4; do \
 	  $(call saved,$$out,PYCOMM_SCALE_RANKS=$${world%%:*} PYCOMM_SCALE_PROCESSES=$${world##*:} timeout 300 build/cpp/test_scale) || exit 1; \
-	done
+	done; $(INDEX) $$out > /dev/null
 
 # gpu-check: everything of the CUDA path in one command on a GPU machine (bench/gpu_check.py),
 # with that machine's python and torch (it builds pycomm there first, no .venv);
@@ -284,36 +289,40 @@ bench-gpu: build
 	$(PY) bench/gpu.py --out bench/out
 
 # PyTorch's own distributed suite (from the installed torch wheel) for Gloo and for pycomm
-# at 2, 3 and 4 ranks: $(RESULTS)/conformance.md lists what passes on Gloo and not on
+# at 2, 3 and 4 ranks: $(RESULTS)/conformance/conformance.md lists what passes on Gloo and not on
 # pycomm, and the tests whose Gloo-only gate was lifted for pycomm; the command fails when
 # anything passes on Gloo only, beyond the justified list. The two backends run at once:
 # about 50 minutes on 2 cores at 2 and 3 ranks (16 at 2 ranks, 33 at 3), and more at 4;
 # CONFORMANCE_ARGS="--jobs 2 -k PATTERN" runs a subset.
 CONFORMANCE_ARGS ?= --jobs 2
 conformance: build
-	$(PY) bench/conformance.py --world-sizes 2,3,4 --out $(RESULTS)/conformance.md $(CONFORMANCE_ARGS)
+	$(PY) bench/conformance.py --world-sizes 2,3,4 --out $(RESULTS)/conformance/conformance.md $(CONFORMANCE_ARGS); \
+	rc=$$?; $(INDEX) $(RESULTS)/conformance/conformance.md > /dev/null; exit $$rc
 
 # pycomm's determinism modes against its default, 2 and 4 ranks:
-# $(RESULTS)/cpu-allreduce-determinism-np<N>.{txt,json}.
+# $(RESULTS)/cpu/cpu-allreduce-determinism-np<N>.{txt,json}.
 bench-determinism: build
-	@mkdir -p $(RESULTS); for np in 2 4; do \
-	  out=$(RESULTS)/cpu-allreduce-determinism-np$$np; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do \
+	  out=$(RESULTS)/cpu/cpu-allreduce-determinism-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(DETERMINISM_BENCH_ARGS) --json $$out.json) || exit 1; \
+	  $(INDEX) $$out.txt > /dev/null || exit 1; \
 	done
 
-# pycomm's verify mode against none, 2 and 4 ranks: $(RESULTS)/cpu-allreduce-verify-np<N>.{txt,json}.
+# pycomm's verify mode against none, 2 and 4 ranks: $(RESULTS)/cpu/cpu-allreduce-verify-np<N>.{txt,json}.
 bench-verify: build
-	@mkdir -p $(RESULTS); for np in 2 4; do \
-	  out=$(RESULTS)/cpu-allreduce-verify-np$$np; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do \
+	  out=$(RESULTS)/cpu/cpu-allreduce-verify-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(VERIFY_BENCH_ARGS) --json $$out.json) || exit 1; \
+	  $(INDEX) $$out.txt > /dev/null || exit 1; \
 	done
 
 # pycomm's layered path over gloo against gloo's all-reduce, 2 and 4 ranks:
-# $(RESULTS)/cpu-allreduce-layered-np<N>.{txt,json}.
+# $(RESULTS)/cpu/cpu-allreduce-layered-np<N>.{txt,json}.
 bench-layered: build
-	@mkdir -p $(RESULTS); for np in 2 4; do \
-	  out=$(RESULTS)/cpu-allreduce-layered-np$$np; rm -f $$out.txt; \
+	@mkdir -p $(RESULTS)/cpu; for np in 2 4; do \
+	  out=$(RESULTS)/cpu/cpu-allreduce-layered-np$$np; rm -f $$out.txt; \
 	  $(call saved,$$out.txt,$(PY) -m pycomm.bench --np $$np $(LAYERED_BENCH_ARGS) --json $$out.json) || exit 1; \
+	  $(INDEX) $$out.txt > /dev/null || exit 1; \
 	done
 
 clean:

@@ -1,6 +1,6 @@
 """pycomm against Gloo on PyTorch's own distributed suite, at several world sizes.
 
-    python bench/conformance.py --world-sizes 2,3,4 --out bench/results/conformance.md
+    python bench/conformance.py --world-sizes 2,3,4 --out bench/results/conformance/conformance.md
 
 Runs bench/conformance_suite.py (the suite of the installed torch wheel, one process per
 backend and world size, each test spawning its ranks) for Gloo and for pycomm, then writes
@@ -123,7 +123,7 @@ def report(runs: dict, world_sizes: list[int], torch_version: str) -> tuple[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", default="2,3,4")
-    parser.add_argument("--out", default="bench/results/conformance.md", help="the Markdown report")
+    parser.add_argument("--out", default="bench/results/conformance/conformance.md", help="the Markdown report")
     parser.add_argument("--work-dir", default="bench/out/conformance", help="per-run JSON results and logs")
     parser.add_argument("-k", dest="pattern", default="", help="only tests whose name matches this regex")
     parser.add_argument("--jobs", type=int, default=1, help="suite runs at once")

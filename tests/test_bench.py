@@ -301,3 +301,32 @@ def test_compare_flags_a_planted_regression(sweep, tmp_path):
     flagged = [line for line in proc.stdout.splitlines() if line.endswith("REGRESSION")]
     assert len(flagged) == 1 and row["collective"] in flagged[0]
     assert "1 regressions" in proc.stdout
+
+
+def test_a_result_written_under_bench_results_lands_in_its_index(tmp_path):
+    from pycomm.bench import index, writers
+    results = tmp_path / "bench" / "results"
+    doc = {"command": "python -m pycomm.bench --np 2 --json x.json", "date_utc": "2026-01-02T03:04:05Z",
+           "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False},
+           "host": {"hostname": "box", "cpu_count": 8}, "results": []}
+    writers.write_json(str(results / "cpu" / "x.json"), doc)
+    rows = index.read(str(results))
+    assert rows == {"cpu/x.json": {"command": doc["command"], "commit": "0123456",
+                                   "date": "2026-01-02T03:04:05Z", "machine": "box, 8 cpus"}}
+    # A second file keeps the first row; what a file does not record is "not recorded",
+    # or what the same run's JSON beside it records.
+    (results / "cpu" / "x.txt").write_text("a table\n")
+    (results / "cpu" / "y.txt").write_text("a table\n")
+    writers.write_jsonl(str(results / "cpu" / "z.jsonl"), {}, [{"size": 4}])
+    rows = index.read(str(results))
+    assert set(rows) == {"cpu/x.json", "cpu/x.txt", "cpu/y.txt", "cpu/z.jsonl"}
+    assert rows["cpu/x.txt"]["commit"] == "0123456"
+    assert set(rows["cpu/y.txt"].values()) == {index.NOT_RECORDED}
+    # A file gone loses its row at the next write; the index lists exactly the files present.
+    (results / "cpu" / "y.txt").unlink()
+    writers.write_json(str(results / "gpu" / "w.json"), {"results": []})
+    assert set(index.read(str(results))) == set(index.present(str(results)))
+    assert "[gpu/w.json](gpu/w.json)" in (results / "INDEX.md").read_text()
+    # Outside a bench/results folder nothing is indexed.
+    writers.write_json(str(tmp_path / "out" / "run.json"), doc)
+    assert not (tmp_path / "out" / "INDEX.md").exists()

@@ -2,15 +2,18 @@
 plots, when drawn); parent side, torch-free.
 
 Each file is written atomically; in the JSON files non-finite floats are strings ("inf",
-"nan"), which JSON has no number for.
+"nan"), which JSON has no number for. A file written under ``bench/results`` gets its row in
+that folder's index, ``INDEX.md`` (``pycomm.bench.index``).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 from typing import List
 
+from . import index
 from .backends import dispatch_pairs
 from .comparisons import dispatch
 from .config import MODES, Config
@@ -39,12 +42,19 @@ def _finite(obj):
 
 
 def _write(path: str, text: str) -> None:
-    """Write atomically (a reader never sees half a file)."""
+    """Write atomically (a reader never sees half a file); under ``bench/results``, update
+    the file's row of the index."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+    if index.results_root(path) is not None:
+        try:
+            index.update([path])
+        except (OSError, ValueError) as e:
+            print("pycomm.bench: %s written, but its row of the results index was not: %s"
+                  % (path, e), file=sys.stderr)
 
 
 def document(cfg: Config, env: dict, results: List[dict], rows: List[dict],
