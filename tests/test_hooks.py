@@ -65,7 +65,7 @@ TRAIN_CONFIGS = ([(c, ef, torch.float32) for c in CODECS for ef in (True, False)
 CLOSE = {"fp16": 5e-4, "bf16": 5e-3, "fp8_e4m3": 5e-2, "fp8_e5m2": 1e-1}
 
 
-# Which trained configurations travel compressed, as the README states it: float32 with
+# Which trained configurations travel compressed, as docs/compression.md states it: float32 with
 # every codec, bfloat16 with fp8 only (a 16-bit codec would save nothing), float64 never.
 ON_WIRE = {**{(codec, torch.float32): True for codec in CODECS},
            ("fp8_e4m3", torch.bfloat16): True, ("bf16", torch.bfloat16): False,

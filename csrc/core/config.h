@@ -1,7 +1,7 @@
 // Every environment knob is one row of knobs(): its name, default, meaning, whether every
 // rank of a group must have the same value, and the parser that checks its range and
 // sets its member of Config. Parsing (Config::from_env, once per group), the agreement
-// check at group creation and its message, pycomm.knobs() and the README's table (checked
+// check at group creation and its message, pycomm.knobs() and the knob table of docs/env.md (checked
 // by the tests) all derive from the rows.
 #pragma once
 
