@@ -1,5 +1,5 @@
 """Checks shared by the fault tests (test_fault_matrix.py, test_cuda.py): what an error
-message must say per DESIGN.md section 5, and how a poisoned group must behave.
+message must say per docs/design.md, 'Fault model', and how a poisoned group must behave.
 
 Rank side: first_lines, second_call. Test side: contract_problems, sticky_problems.
 """

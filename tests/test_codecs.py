@@ -1,7 +1,7 @@
 """pycomm's wire codecs, one process, no collectives: pycomm.encode / decode / quantize.
 
-Compressed all-reduce quantizes every contribution with these codecs (DESIGN.md section
-4), so the multi-rank tests in test_compression.py can only see their errors through
+Compressed all-reduce quantizes every contribution with these codecs (docs/design.md,
+'Numerics'), so the multi-rank tests in test_compression.py can only see their errors through
 sums. Here each codec is checked against an independent model of its wire format,
 built from torch's own casts:
 
@@ -90,7 +90,7 @@ FMT = {
     "fp8_e5m2": Fmt(torch.float8_e5m2, 1, 2, -14, 57344.0, 0x7C),
 }
 
-# Relative RMS error bounds of DESIGN.md section 4 (single quantization here).
+# Relative RMS error bounds of docs/design.md, 'Numerics' (single quantization here).
 RMS_BOUND = {"fp16": 1e-3, "bf16": 5e-3, "fp8_e4m3": 6e-2, "fp8_e5m2": 1.2e-1}
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}

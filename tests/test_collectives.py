@@ -76,7 +76,7 @@ def test_all_reduce_algorithm_knob():
 
 
 def test_per_collective_algorithm_knob():
-    """DESIGN.md section 3: PYCOMM_ALGO also takes per-collective settings."""
+    """docs/design.md, 'Public surface': PYCOMM_ALGO also takes per-collective settings."""
     if is_gloo():
         pytest.skip("PYCOMM_ALGO is a pycomm knob")
     _run_with_algo("allreduce=ring,reducescatter=ring",
@@ -91,7 +91,7 @@ def test_per_collective_algorithm_knob():
 SOAK_ITERATIONS = 20000 if os.environ.get("PYCOMM_SOAK") == "1" else 300
 SOAK_WS = 4
 SOAK_ALGORITHMS = [None, "ring", "tree", "oneshot", "twoshot", "hierarchical"]
-# DESIGN.md section 4: relative RMS error against float64 on Gaussian data, per codec.
+# docs/design.md, 'Numerics': relative RMS error against float64 on Gaussian data, per codec.
 CODEC_BOUNDS = {"fp16": 1e-3, "bf16": 5e-3, "fp8_e4m3": 6e-2, "fp8_e5m2": 1.2e-1}
 # Codecs that shrink a dtype's elements (others leave the call uncompressed).
 CODECS_FOR = {torch.float32: list(CODEC_BOUNDS), torch.float16: ["fp8_e4m3", "fp8_e5m2"],

@@ -1,4 +1,4 @@
-"""Compressed collectives against the numerics contract (DESIGN.md section 4).
+"""Compressed collectives against the numerics contract (docs/design.md, 'Numerics').
 
 * Relative RMS error versus an fp64 reference on Gaussian data, float32 all-reduce, for
   every algorithm and codec at world sizes 2, 3, 4 and 8, within the contract's bounds,

@@ -1,4 +1,4 @@
-"""Determinism contract (DESIGN.md section 4, levels D0-D5), proved bit for bit.
+"""Determinism contract (docs/design.md, 'Determinism levels', D0-D5), proved bit for bit.
 
 Every world runs with PYCOMM_TEST_PERTURB: each rank sleeps a pseudo-random time before
 every frame it sends, so arrival orders differ from call to call and from world to world.

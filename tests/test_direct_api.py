@@ -1,4 +1,4 @@
-"""pycomm's per-call API (DESIGN.md section 3) gives the same results as torch.distributed.
+"""pycomm's per-call API (docs/design.md, 'Public surface') gives the same results as torch.distributed.
 
     pycomm.all_reduce(tensor, op=SUM, group=None, *, algorithm=None, compression=None,
                       deterministic=None, async_op=False)

@@ -1,5 +1,5 @@
 """Bad input is rejected on the calling rank, clearly, and leaves the group usable;
-mismatches between ranks become errors, never hangs (DESIGN.md section 5).
+mismatches between ranks become errors, never hangs (docs/design.md, 'Fault model').
 
 Bad-input cases all run in ONE world of 2 ranks (a module fixture): every rank makes the
 same bad call on a fresh group, the outcome is recorded, then a correct all_reduce on that
@@ -300,7 +300,7 @@ def mismatch_world(rank, ws, kind):
 
 
 # gloo aborts the process on a count mismatch and does not detect dtype/op mismatches:
-# those cases test pycomm's header fingerprint (DESIGN.md section 5), not the harness.
+# those cases test pycomm's header fingerprint (docs/design.md, 'Fault model'), not the harness.
 MISMATCH_GLOO_SKIPS = {"count": "gloo aborts the process",
                        "dtype": "gloo does not detect it",
                        "op": "gloo does not detect it"}

@@ -1,4 +1,4 @@
-"""Fault matrix (issue "[7/7] hardening", DESIGN.md section 5), driven by PYCOMM_FAULT.
+"""Fault matrix (issue "[7/7] hardening", docs/design.md, 'Fault model'), driven by PYCOMM_FAULT.
 
 Each scenario is a group of 3 or 4 ranks in real processes (_fault_worker.py), one of
 which misbehaves: killed, stopped or exiting before, during or after an all_reduce over

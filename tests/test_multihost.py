@@ -1,4 +1,4 @@
-"""Multi-host runs (DESIGN.md section 7): every "host" is a network namespace on one bridge
+"""Multi-host runs (docs/design.md, 'Testing on one machine'): every "host" is a network namespace on one bridge
 (tests/_netns.py), and each runs its ranks under torchrun's multi-node c10d rendezvous, so
 ranks on different hosts can only talk over TCP through the veth links, and ranks of one
 host over shared memory. _multihost_worker.py checks every algorithm against exact

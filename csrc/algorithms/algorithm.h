@@ -172,7 +172,7 @@ struct SegmentChunks {
 };
 // ---- How data travels, and the named steps the collectives are made of ----
 //
-// Compression (DESIGN.md section 4), error that does not grow with the world size: every
+// Compression (docs/design.md, 'Numerics'), error that does not grow with the world size: every
 // contribution is quantized exactly once, as it leaves its rank (an Input term under a
 // codec is quantized as it is loaded, so the rank's own one too); the reduction of each
 // element runs in fp32 in logical rank order from those quantized operands; a result is

@@ -1,5 +1,5 @@
 // Test hook: faults injected at a chosen point of a chosen operation on a chosen rank, so
-// that tests can drive every failure path of DESIGN.md section 5 from the outside.
+// that tests can drive every failure path of docs/design.md, 'Fault model', from the outside.
 //
 // PYCOMM_FAULT=<spec>[,<spec>...], read when a group is created; the same value may be
 // given to every rank, since each spec names the rank it applies to:

@@ -64,7 +64,7 @@ from typing import Dict, List, Optional, Tuple
 from .. import _C
 from .config import BackendSpec
 
-# Per-call option values the pycomm direct API accepts (DESIGN.md section 3), from the
+# Per-call option values the pycomm direct API accepts (docs/design.md, 'Public surface'), from the
 # core's tables.
 PYCOMM_OPTIONS = {
     "algorithm": _C.algorithms,
