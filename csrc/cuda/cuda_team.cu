@@ -2,12 +2,13 @@
 // the host side of each call: launch, wait, report. The kernel and its memory-visibility
 // argument are in team_kernels.cu.
 //
-// Each member allocates one region of device memory: its flags (arrived, then done:
-// 2 * kTeamFlags words, zero before any peer can map them), then two buffers of `capacity`
-// bytes. A call's outcome and the host's abort request travel through two words of
-// page-locked host memory that the kernel reads and writes directly.
+// Each member allocates one region of device memory: its flags (TeamWords, zero before any
+// peer can map them), then two slots of kTeamBlocks pieces of `piece_bytes`. A call's
+// outcome and the host's abort request travel through two words of page-locked host
+// memory that the kernel reads and writes directly.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -26,14 +27,18 @@
 namespace pycomm {
 namespace {
 
-constexpr size_t kFlagBytes = 2 * kTeamFlags * sizeof(uint32_t);
 // The longest a leaving member waits for its peers to finish reading its last buffer.
 constexpr std::chrono::seconds kDrainLimit{1};
 
 class CudaTeam final : public DeviceTeam {
  public:
   CudaTeam(int device, std::unique_ptr<SlotArena> arena, const TransportSetup& setup)
-      : device_(device), arena_(std::move(arena)), capacity_((setup.config->cuda_flag_bytes + 255) & ~size_t{255}) {
+      : device_(device),
+        arena_(std::move(arena)),
+        capacity_(setup.config->cuda_flag_bytes),
+        piece_bytes_(std::max<size_t>(256, std::min(setup.config->cuda_flag_bytes, setup.config->cuda_chunk_bytes) /
+                                                kTeamBlocks & ~size_t{255})),
+        slot_bytes_(piece_bytes_ * kTeamBlocks) {
     CudaDeviceScope scope(device_);
     // Owned from here, so that a set-up that fails below (a peer that never publishes,
     // say) releases them: the destructor does not run for a constructor that throws.
@@ -51,17 +56,21 @@ class CudaTeam final : public DeviceTeam {
     for (int i = 0; i < 2; ++i) new (control_ + i) std::atomic<int>(0);
     void* on_device = nullptr;
     cuda_check(cudaHostGetDevicePointer(&on_device, control, 0), "cudaHostGetDevicePointer");
-    call_.control = static_cast<volatile int*>(on_device);
-    const std::string handle = arena_->allocate(kFlagBytes + 2 * capacity_);
-    cuda_check(cudaMemset(arena_->base(), 0, kFlagBytes), "cudaMemset (team flags)");
+    call_.control = static_cast<int*>(on_device);
+    const std::string handle = arena_->allocate(TeamWords::kBytes + 2 * slot_bytes_);
+    cuda_check(cudaMemset(arena_->base(), 0, TeamWords::kBytes), "cudaMemset (team flags)");
     cuda_check(cudaDeviceSynchronize(), "team set-up");
     const auto handles =
         all_gather_strings(*setup.store, setup.key_prefix + "/team", setup.rank, setup.size, handle, setup.deadline);
     call_.rank = setup.rank;
-    call_.buffers.k = setup.size;
+    call_.piece_bytes = piece_bytes_;
+    for (int s = 0; s < 2; ++s) call_.slots[s].k = setup.size;
     for (int r = 0; r < setup.size; ++r) {
       call_.flags[r] = reinterpret_cast<uint32_t*>(r == setup.rank ? arena_->base() : arena_->map(handles[r], r));
-      call_.buffers.form[r] = Form::Input;
+      for (int s = 0; s < 2; ++s) {
+        call_.slots[s].data[r] = region(r) + TeamWords::kBytes + s * slot_bytes_;
+        call_.slots[s].form[r] = Form::Input;
+      }
       if (r != setup.rank) peers_.emplace_back(r, std::make_unique<PeerWatch>(setup.ranks[r].pid));
     }
   }
@@ -78,12 +87,10 @@ class CudaTeam final : public DeviceTeam {
     if (n == 0) return;
     if (broken_) fail(ErrorKind::PeerFailure, "pycomm: the GPU team failed earlier");
     CudaDeviceScope scope(device_);
-    ++call_.epoch;
-    const size_t buffer = kFlagBytes + (call_.epoch & 1) * capacity_;
-    for (int r = 0; r < call_.buffers.k; ++r) call_.buffers.data[r] = region(r) + buffer;
+    called_ = true;
     call_.budget_ns = static_cast<uint64_t>(std::chrono::nanoseconds(deadline.remaining()).count());
     control_[1].store(0);
-    blocks_ = launch_team_allreduce(spec, call_, out, in, n, stream_);
+    launch_team_allreduce(spec, call_, out, in, n, stream_);
     wait();
     const int outcome = control_[1].load();
     if (outcome == 0) return;
@@ -123,20 +130,20 @@ class CudaTeam final : public DeviceTeam {
     return {};
   }
 
-  // Peers may still be reading this member's buffer of the last call: before its memory
-  // goes, waits until each said it is done (its done flags), a peer exited, or kDrainLimit.
+  // Peers may still be reading this member's slots: before its memory goes, waits until
+  // each said it is done (its done flags have reached this member's runs, block by block),
+  // a peer exited, or kDrainLimit.
   void drain() {
-    if (!call_.epoch || broken_) return;
-    std::vector<uint32_t> done(kTeamFlags);
+    if (!called_ || broken_) return;
+    std::vector<uint32_t> words(TeamWords::kCount);
     const auto give_up = Clock::now() + kDrainLimit;
     for (;;) {
-      if (cudaMemcpy(done.data(), region(call_.rank) + kTeamFlags * sizeof(uint32_t), done.size() * sizeof(uint32_t),
-                     cudaMemcpyDeviceToHost) != cudaSuccess)
+      if (cudaMemcpy(words.data(), region(call_.rank), TeamWords::kBytes, cudaMemcpyDeviceToHost) != cudaSuccess)
         return;
       bool all = true;
       for (const auto& [rank, watch] : peers_)
-        for (int b = 0; b < blocks_; ++b)
-          all = all && static_cast<int32_t>(done[rank * kTeamBlocks + b] - call_.epoch) >= 0;
+        for (int b = 0; b < kTeamBlocks; ++b)
+          all = all && count_reached(words[TeamWords::done(rank, b)], words[TeamWords::runs(b)]);
       if (all || Clock::now() >= give_up || !exited_peer().empty()) return;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -151,15 +158,15 @@ class CudaTeam final : public DeviceTeam {
 
   int device_;
   std::unique_ptr<SlotArena> arena_;  // this member's region and its mappings of the peers'
-  size_t capacity_;
+  size_t capacity_, piece_bytes_, slot_bytes_;
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_holder_;
   std::unique_ptr<void, FreeHost> control_holder_;
   cudaStream_t stream_ = nullptr;
   std::atomic<int>* control_ = nullptr;  // host side of TeamCall::control
   std::vector<std::pair<int, std::unique_ptr<PeerWatch>>> peers_;
   TeamCall call_{};
-  int blocks_ = 0;      // of the last call
-  bool broken_ = false;  // a call failed: the members' epochs no longer agree
+  bool called_ = false;
+  bool broken_ = false;  // a call failed: the members' counts of chunks no longer agree
   std::string exited_;   // why the kernel was told to stop, when a peer exited
 };
 
