@@ -333,30 +333,44 @@ def gpu_equals_cpu(rank, ws, cases):
     return problems
 
 
-BIT_CASES = [(dt, op, mode, None) for dt in FLOATS for op in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
-             for mode in (True, "exact")] + \
-            [(torch.float32, "SUM", mode, c) for mode in (True, "exact") for c in CODECS] + \
-            [(torch.bfloat16, "SUM", "exact", "fp8_e4m3")]
-
-
-@pytest.mark.parametrize("ws,env", [
+# The cases by group, each a world of its own, so that the GPU check's workers share them
+# out (one world of every case took 90 s beside the others).
+BIT_CASES = {
+    "float32": [(torch.float32, op, mode, None) for op in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT")
+                for mode in (True, "exact")],
+    "half": [(dt, op, mode, None) for dt in (torch.float16, torch.bfloat16)
+             for op in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT") for mode in (True, "exact")],
+    "codecs": [(torch.float32, "SUM", mode, c) for mode in (True, "exact") for c in CODECS] +
+              [(torch.bfloat16, "SUM", "exact", "fp8_e4m3")],
+}
+FLAGS_262K = {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": "262144"}
+BIT_WORLDS = [
     # oneshot of 50021 elements: the flag-synchronized kernel
-    (2, {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": "262144"}),
-    (4, {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": "262144"}),
-    (4, {"PYCOMM_RANKS_PER_NODE": "2"}),           # hierarchical across 2 nodes of 2
-    (3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_CUDA_CHUNK_BYTES": "65536"}),  # staged, small chunks
-], ids=["ws2", "ws4", "2x2", "staged-tcp"])
-def test_gpu_bits_equal_cpu_bits(ws, env):
-    for problems in run_world(gpu_equals_cpu, ws, args=(BIT_CASES,), env=env, timeout=400):
+    *[pytest.param(2, FLAGS_262K, group, id="ws2-" + group) for group in BIT_CASES],
+    *[pytest.param(4, FLAGS_262K, group, id="ws4-" + group) for group in BIT_CASES],
+    pytest.param(8, FLAGS_262K, "float32", id="ws8-float32"),
+    pytest.param(4, {"PYCOMM_RANKS_PER_NODE": "2"}, "float32", id="2x2-float32"),  # hierarchical, 2 nodes of 2
+    # staged through TCP in small chunks; every pair staged through host memory on one host
+    pytest.param(3, {"PYCOMM_TRANSPORT": "tcp", "PYCOMM_CUDA_CHUNK_BYTES": "65536"}, "float32", id="staged-tcp"),
+    pytest.param(3, {"PYCOMM_CUDA_IPC": "off"}, "float32", id="staged-forced"),
+]
+
+
+@pytest.mark.parametrize("ws,env,group", BIT_WORLDS)
+def test_gpu_bits_equal_cpu_bits(ws, env, group):
+    for problems in run_world(gpu_equals_cpu, ws, args=(BIT_CASES[group],), env=env, timeout=400):
         assert not problems, problems
 
 
-# The flag-synchronized one-shot (PYCOMM_CUDA_FLAG_BYTES, 64 KiB by default): all-reduces
-# of at most that many bytes among ranks of one host run as one kernel per rank. By
-# default only where the ranks' kernels run at once (MPS, or a GPU each); the tests'
-# ranks may time-slice one GPU, where it is slow but must be just as right.
-FLAG_BYTES = 65536
-FLAGS_ALWAYS = {"PYCOMM_CUDA_FLAGS": "always"}
+# The flag-synchronized one-shot (PYCOMM_CUDA_FLAG_BYTES, 64 MiB by default): all-reduces
+# of at most that many bytes among ranks of one host run as one kernel per rank, pipelined
+# through two slots of 64 pieces. By default only where the ranks' kernels run at once
+# (MPS, or a GPU each); the tests' ranks may time-slice one GPU, where it is slow but must
+# be just as right. Here small slots (pieces of 256 bytes), so that calls take many chunks
+# and end in partly filled ones.
+FLAG_BYTES = 262144
+FLAGS_ALWAYS = {"PYCOMM_CUDA_FLAGS": "always", "PYCOMM_CUDA_FLAG_BYTES": str(FLAG_BYTES),
+                "PYCOMM_CUDA_CHUNK_BYTES": "16384"}
 
 
 def flag_allreduce(rank, ws):
@@ -381,9 +395,9 @@ def flag_allreduce(rank, ws):
             problems.append("the group has no flag-synchronized one-shot")
     for dtype in (torch.float32, torch.float16, torch.int64, torch.uint8):
         limit = FLAG_BYTES // dtype.itemsize
-        for n in (1, 7, 1000, limit, limit + 1):  # limit + 1: host-driven
+        for n in (1, 7, 1000, 20011, limit, limit + 1):  # limit + 1: host-driven
             for offset in (0, 1):  # 1: input and output not 16-byte aligned
-                for repeat in range(3):  # calls alternate between two buffers
+                for repeat in range(3):  # chunks alternate between two slots, across calls too
                     base = torch.arange(n + offset, device=dev) % 13
                     t = (base + rank + repeat).to(dtype)[offset:]
                     want = (ws * base + ws * (ws - 1) // 2 + ws * repeat).to(dtype)[offset:]
@@ -397,7 +411,7 @@ def flag_allreduce(rank, ws):
     return problems
 
 
-@pytest.mark.parametrize("ws", [2, 4])
+@pytest.mark.parametrize("ws", [2, 4, 8])
 def test_flag_allreduce_on_cuda(ws):
     for problems in run_world(flag_allreduce, ws, env=dict(FLAGS_ALWAYS, PYCOMM_DEBUG="INFO"), timeout=240):
         assert not problems, problems

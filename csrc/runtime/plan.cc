@@ -432,7 +432,8 @@ Plan make_plan(const PlanInput& in) {
     if (plan_family(requested, in, &p, &why)) return p;
     fallback = std::string(name_of(requested)) + " cannot serve this call (" + why + ")";
   } else if (in.device_memory && in.topology->node_count() == 1) {
-    const bool twoshot = in.collective == Collective::AllReduce && in.bytes > kDeviceOneShotBytes;
+    const bool twoshot =
+        in.collective == Collective::AllReduce && in.bytes > kDeviceOneShotBytes && !fits_device_team(in, nullptr);
     plan_family(twoshot ? Algorithm::TwoShot : Algorithm::OneShot, in, &p);
     return p;
   }

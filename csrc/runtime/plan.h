@@ -57,7 +57,9 @@ struct Plan {
 // another run (D1). Automatic choice
 // for device memory within one node: every step costs a device synchronization, so the
 // direct algorithms, with the fewest steps, win at every size: all-reduce oneshot up to
-// kDeviceOneShotBytes and twoshot above, reduce-scatter and all-gather oneshot.
+// kDeviceOneShotBytes and twoshot above, reduce-scatter and all-gather oneshot; but an
+// all-reduce that a device team serves (PlanInput::device_team_bytes) runs oneshot on it
+// at any size, its kernels pipelining the chunks with no host step between them.
 constexpr size_t kDeviceOneShotBytes = 256 << 10;
 Plan make_plan(const PlanInput& in);
 

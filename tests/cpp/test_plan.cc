@@ -171,8 +171,22 @@ static void test_device_memory() {
       CHECK(make_plan(in).algorithm == Algorithm::OneShot, "device %s: %s", name_of(c), chosen(in));
     }
   }
+  // A device team pipelines an all-reduce of any size it serves: oneshot on it; past its
+  // size, or compressed, twoshot again.
+  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20, (size_t{64} << 20) + 4}) {
+    PlanInput in = input(one, bytes);
+    in.device_memory = true;
+    in.device_team_bytes = size_t{64} << 20;
+    const bool fits = bytes <= in.device_team_bytes;
+    CHECK(make_plan(in).variant == (fits ? Variant::OneShotFlags : Variant::TwoShot), "device team, %zu B: %s",
+          bytes, chosen(in));
+    in.options.compression = Compression::Fp8E4M3;
+    in.options.compression_block = 256;
+    CHECK(make_plan(in).variant != Variant::OneShotFlags, "device team, %zu B compressed: %s", bytes, chosen(in));
+  }
   PlanInput ring = input(one, 64 << 20, Collective::AllReduce, Algorithm::Ring);
   ring.device_memory = true;
+  ring.device_team_bytes = size_t{64} << 20;
   CHECK(make_plan(ring).algorithm == Algorithm::Ring, "device: a requested ring runs");
   PlanInput nodes = input(two, 64 << 20);
   PlanInput host = nodes;
