@@ -166,8 +166,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   // Small operations run eagerly even when asynchronous: they are latency-bound, so a
   // hand-off to the worker thread would cost more than it could overlap. Run here, the
   // Launch needs no copy on the heap.
-  const bool eager = blocking || bytes <= config(title).eager_bytes;
+  // A captured operation is enqueued on the capturing stream by this thread: the worker
+  // thread cannot wait for its inputs, which a graph only records.
+  const bool eager = blocking || bytes <= config(title).eager_bytes || l.captured;
   if (eager && lane == Engine::kOrdered && engine_->try_run([&] { complete(*work, l); })) return work;
+  TORCH_CHECK(!l.captured, "pycomm: ", title, " captured in a CUDA graph while the group's earlier operations still ",
+              "run: wait for them before capturing");
   auto job = std::make_shared<Launch>(std::move(l));
   engine_->submit([this, work, job] { complete(*work, *job); }, lane);
   return work;

@@ -6,6 +6,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "runtime/device_runtime.h"
+
 namespace pycomm {
 namespace {
 
@@ -113,9 +115,20 @@ void Launch::bind_device(const char* title) {
                       " and ", t.device(), ")");
   }
   if (device.is_cuda()) {
+    capture_on_stream(title);
+    if (captured) return;  // the operation follows its inputs on their stream
     ready = std::make_shared<c10::Event>(device.type());
     ready->record(current_stream(device));
   }
+}
+
+void Launch::capture_on_stream(const char* title) {
+  if (!has_device_runtime()) return;
+  void* stream = current_stream(device).native_handle();
+  if (!device_runtime().capturing(device.index(), stream)) return;
+  TORCH_CHECK_VALUE(requests.size() == 1 && after.empty(), "pycomm: ", title,
+                    " cannot be captured in a CUDA graph: only a single all-reduce of a dense tensor can");
+  captured = requests.front().stream = stream;
 }
 
 void Launch::copy_back() {

@@ -65,6 +65,7 @@ struct Launch {
   std::vector<at::Tensor> result;             // the Work's result and future value
   at::Device device = at::kCPU;               // of every tensor in `keep` (bind_device())
   std::shared_ptr<c10::Event> ready;          // CUDA: the inputs are complete
+  void* captured = nullptr;                   // CUDA: the stream a graph captures it on
   std::optional<Plan> first_plan;             // of requests[0], where made when issued
 
   at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
@@ -77,11 +78,16 @@ struct Launch {
 
   // When the collective is issued, on the caller's thread: sets `device` (ValueError naming
   // `title` where the tensors in `keep` are on different devices) and, on CUDA, records
-  // `ready` on the caller's current stream.
+  // `ready` on the caller's current stream, or, where a graph captures that stream, sets
+  // `captured` (capture_on_stream).
   void bind_device(const char* title);
   // Runs the copy-backs (`after`), after the last request; they are complete on the
   // device when it returns.
   void copy_back();
+  // Where a CUDA graph captures the caller's current stream (set by bind_device): the
+  // whole operation is enqueued on it (its request's `stream`), on the caller's thread,
+  // nothing waited for on the host; only one request with no copy-back can be.
+  void capture_on_stream(const char* title);
 };
 
 }  // namespace pycomm

@@ -29,6 +29,10 @@ struct Request {
   int* source = nullptr;   // Recv from kAnySource: receives the rank whose send it took
   std::vector<size_t> send_counts, recv_counts;  // AllToAll, per peer, contiguous
   std::chrono::milliseconds timeout{0};          // 0: the group's timeout
+  // Device requests: a stream of the caller's (a CUDA graph being captured on it) to
+  // enqueue the whole operation on, nothing waited for on the host. Only an all-reduce
+  // that the device's team runs can be; the others fail with InvalidArgument.
+  void* stream = nullptr;
 };
 
 }  // namespace pycomm

@@ -154,6 +154,12 @@ class CudaRuntime final : public DeviceRuntime {
  public:
   const char* name() const override { return "cuda"; }
   std::unique_ptr<DeviceOps> make_ops(int index) const override { return std::make_unique<CudaOps>(index); }
+  bool capturing(int index, void* stream) const override {
+    CudaDeviceScope scope(index);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cuda_check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status), "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
   std::unique_ptr<SlotArena> make_slot_arena(int index) const override {
     return std::make_unique<CudaSlotArena>(index);
   }

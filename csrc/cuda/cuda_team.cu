@@ -83,22 +83,23 @@ class CudaTeam final : public DeviceTeam {
 
   size_t capacity() const override { return capacity_; }
 
-  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) override {
+  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline,
+                  void* stream) override {
     if (n == 0) return;
     if (broken_) fail(ErrorKind::PeerFailure, "pycomm: the GPU team failed earlier");
+    // A call enqueued on a caller's stream (or replayed from a graph) that failed.
+    if (const int earlier = control_[1].load())
+      fail_with(earlier, " (in an earlier call, enqueued on a caller's stream)");
     CudaDeviceScope scope(device_);
     called_ = true;
     call_.budget_ns = static_cast<uint64_t>(std::chrono::nanoseconds(deadline.remaining()).count());
-    control_[1].store(0);
+    if (stream) {
+      launch_team_allreduce(spec, call_, out, in, n, static_cast<cudaStream_t>(stream));
+      return;
+    }
     launch_team_allreduce(spec, call_, out, in, n, stream_);
     wait();
-    const int outcome = control_[1].load();
-    if (outcome == 0) return;
-    broken_ = true;
-    if (outcome > 0)
-      fail(ErrorKind::Timeout, "timed out waiting for rank " + std::to_string(outcome - 1) +
-                                   " to arrive at the flag-synchronized all-reduce on the GPU");
-    fail(ErrorKind::PeerFailure, exited_.empty() ? "the group was aborted" : exited_);
+    if (const int outcome = control_[1].load()) fail_with(outcome, "");
   }
 
   void abort() override { control_[0].store(1); }
@@ -118,6 +119,14 @@ class CudaTeam final : public DeviceTeam {
     const SpinPolicy slice{std::chrono::duration_cast<std::chrono::microseconds>(kLivenessSlice)};
     while (!spin_until(done, slice))
       if (exited_.empty() && !(exited_ = exited_peer()).empty()) control_[0].store(1);
+  }
+
+  [[noreturn]] void fail_with(int outcome, const std::string& when) {
+    broken_ = true;
+    if (outcome > 0)
+      fail(ErrorKind::Timeout, "timed out waiting for rank " + std::to_string(outcome - 1) +
+                                   " to arrive at the flag-synchronized all-reduce on the GPU" + when);
+    fail(ErrorKind::PeerFailure, (exited_.empty() ? "the group was aborted" : exited_) + when);
   }
 
   // Member r's region, mapped: its flags come first.

@@ -126,9 +126,13 @@ class DeviceTeam {
   virtual size_t capacity() const = 0;
   // out = every member's `in` (n elements, at most capacity() bytes) reduced in rank
   // order per `spec` (uncoded; the final stage): the bits of the host-driven one-shot.
-  // Complete on return. A peer that has not arrived by `deadline` is a Timeout, an exited
-  // peer or abort() a PeerFailure; after a failure the team refuses every call.
-  virtual void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) = 0;
+  // Complete on return, unless `stream` is given (a stream of the caller's, one a CUDA
+  // graph captures, say): then enqueued on it after what it holds, and not waited for; a
+  // failure of that call is raised by the team's next call. A peer that has not arrived
+  // by `deadline` is a Timeout, an exited peer or abort() a PeerFailure; after a failure
+  // the team refuses every call.
+  virtual void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline,
+                          void* stream) = 0;
   // Makes a waiting all_reduce give up; any thread.
   virtual void abort() = 0;
 };

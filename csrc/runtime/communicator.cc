@@ -372,9 +372,16 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
                                              : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
   cx.stamp = stamp_for(rq, plan);
   if (poisoned()) fail_poisoned(describe(cx.stamp));
-  // Every rank counts the same calls in the same order, so all verify the same ones.
+  if (rq.stream && plan.variant != Variant::OneShotFlags)
+    fail(ErrorKind::InvalidArgument,
+         "pycomm: " + describe(cx.stamp) + " on cuda:" + std::to_string(rq.device) +
+             " cannot be enqueued on the caller's stream (a CUDA graph being captured): only all-reduces that the "
+             "group's device team runs can (ranks of one host mapping each other's CUDA memory, uncompressed, at most "
+             "PYCOMM_CUDA_FLAG_BYTES); this one runs " + name_of(plan.variant));
+  // Every rank counts the same calls in the same order, so all verify the same ones. A
+  // call enqueued on the caller's stream has no result yet to verify: counted, not verified.
   const bool verifying = config_.verify_every && identical_on_every_rank(rq.collective) &&
-                         ++identical_results_ % config_.verify_every == 0;
+                         ++identical_results_ % config_.verify_every == 0 && !rq.stream;
   const uint64_t bytes = operation_bytes(rq, size_);
   const auto started = Clock::now();
   const uint64_t record = recorder_.begin(cx.stamp, bytes, rq.device, started);

@@ -53,6 +53,9 @@ class DeviceRuntime {
   // memory that the device writes and the host reads without waiting for the stream.
   virtual void enqueue_write_words(int index, void* stream, int64_t* dst, const int64_t* words, int n) const = 0;
   virtual void enqueue_judge_stamps(int index, void* stream, const StampTable& table, int64_t* verdict) const = 0;
+  // Whether `stream`, a stream of device `index`, is being captured into a graph: its
+  // work is then recorded, not run, and nothing may wait for it on the host.
+  virtual bool capturing(int /*index*/, void* /*stream*/) const { return false; }
   // Slot payloads in device `index`'s memory, mappable by processes of this host.
   virtual std::unique_ptr<SlotArena> make_slot_arena(int index) const = 0;
   // This rank's member of a team of the whole group on device `index`, made by every

@@ -324,7 +324,7 @@ struct Row {
 };
 
 void run_on_device_team(const Context& cx, const Request& rq) {
-  cx.device_team->all_reduce(cx.spec(rq), rq.output, rq.input, rq.count, cx.deadline);
+  cx.device_team->all_reduce(cx.spec(rq), rq.output, rq.input, rq.count, cx.deadline, rq.stream);
 }
 
 // One row per variant a family can run as; within a family the cheapest row that applies

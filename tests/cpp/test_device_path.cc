@@ -93,7 +93,7 @@ struct TeamBoard {
 
 std::mutex boards_mutex;
 std::map<std::string, std::shared_ptr<TeamBoard>> boards;  // by key, until every member joined
-std::atomic<int> teams_made{0}, team_calls{0};
+std::atomic<int> teams_made{0}, team_calls{0}, team_stream_calls{0};
 
 // DeviceTeam's contract in host memory (a timeout at the deadline, a PeerFailure on
 // abort, refusal after either), the CPU ops' bits.
@@ -111,9 +111,12 @@ class HostTeam final : public DeviceTeam {
     if (++board->joined == s.size) boards.erase(key);
   }
   size_t capacity() const override { return capacity_; }
-  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline) override {
+  // On a caller's stream as without one: host memory has no stream to enqueue on.
+  void all_reduce(const ReduceSpec& spec, void* out, const void* in, size_t n, const Deadline& deadline,
+                  void* stream) override {
     CHECK(n * element_size(spec.dtype) <= capacity_, "team all-reduce of %zu elements past its capacity", n);
     ++team_calls;
+    if (stream) ++team_stream_calls;
     std::unique_lock<std::mutex> lock(board_->mutex);
     if (failed_) fail(ErrorKind::PeerFailure, "the team failed earlier");
     const uint64_t all = ++calls_ * size_;
@@ -274,6 +277,42 @@ void test_team_carries_small_oneshots(int n) {
   CHECK(teams_made - made == n, "%d teams made for a group of %d on one host", teams_made - made, n);
   CHECK(team_calls - calls == expected, "the team carried %d all-reduces, expected %d", team_calls - calls,
         expected.load());
+}
+
+// A request on the caller's stream (as while a CUDA graph captures it) runs on the team
+// when the team serves it, and otherwise fails before anything moves, naming why.
+void test_calls_on_the_callers_stream() {
+  constexpr size_t kCapacity = 4096;
+  const int calls = team_calls, on_stream = team_stream_calls;
+  int stream_token = 0;
+  with_world(2, [](Config& cfg) { cfg.cuda_flag_bytes = kCapacity; }, [&](int r, Communicator& comm) {
+    std::vector<float> data(100, r + 1.0f);
+    Request rq = all_reduce_of(data, true);
+    rq.stream = &stream_token;
+    run(comm, rq);
+    CHECK(data[0] == 3.0f && data[99] == 3.0f, "rank %d: on the caller's stream the sum is %g, expected 3", r, data[0]);
+    const auto refused = [&](const char* what, Request bad) {
+      bad.stream = &stream_token;
+      try {
+        run(comm, bad);
+        CHECK(false, "rank %d: %s on the caller's stream ran", r, what);
+      } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::InvalidArgument &&
+                  std::strstr(e.what(), "cannot be enqueued on the caller's stream") != nullptr,
+              "rank %d: %s on the caller's stream: %s", r, what, e.what());
+      }
+    };
+    refused("a compressed all-reduce", all_reduce_of(data, true, CallOptions{Algorithm::Auto, Compression::Bf16}));
+    std::vector<float> large(kCapacity / sizeof(float) + 1, 1.0f);
+    refused("an all-reduce past the team's size", all_reduce_of(large, true));
+    refused("a ring all-reduce", all_reduce_of(data, true, CallOptions{Algorithm::Ring}));
+    // The group goes on: the refusals moved nothing.
+    run(comm, all_reduce_of(data, true));
+    CHECK(data[0] == 6.0f, "rank %d: after the refusals the sum is %g, expected 6", r, data[0]);
+  });
+  CHECK(team_stream_calls - on_stream == 2, "%d team calls on a caller's stream, expected 2 (one a rank)",
+        team_stream_calls - on_stream);
+  CHECK(team_calls - calls == 4, "%d team calls, expected 4", team_calls - calls);
 }
 
 // PYCOMM_CUDA_FLAG_BYTES=0: no team.
@@ -478,6 +517,7 @@ int main() {
   test_team_carries_small_oneshots(3);
   test_team_carries_small_oneshots(2);
   test_no_team_without_flag_bytes();
+  test_calls_on_the_callers_stream();
   test_pairs_that_cannot_map_are_staged();
   test_abort_reaches_the_team();
   test_p2p_on_device(TransportChoice::Auto);  // shared memory
