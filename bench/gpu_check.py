@@ -12,7 +12,9 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
   build         pip install --no-build-isolation --no-deps -e . with the CUDA build
   versions      torch, CUDA, NCCL, triton, driver, GPU
   cuda-tests    tests/test_cuda.py but its layered and fault tests: kernels and collectives
-                on CUDA tensors bit for bit against the CPU path, AVG included
+                on CUDA tensors bit for bit against the CPU path, AVG included, at 2, 4
+                and 8 ranks on the GPU (under MPS), every pair staged through host memory
+                (PYCOMM_CUDA_IPC=off) and over TCP
   cuda-faults   tests/test_cuda.py's fault tests: a peer of the flag one-shot asleep or
                 killed is reported in time
   triton-tests  tests/test_triton_kernels.py and tests/test_triton_binned.py (the exact
@@ -33,6 +35,9 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
                 exact, fp8_e4m3) over NCCL captured in a CUDA graph after a warm-up call and
                 replayed 100 times on new data: every replay's bits those of the same call
                 made outside the graph
+  capture       pycomm's own all-reduce, reduce-scatter and all-gather (every mode, fp8_e4m3)
+                at 2 ranks on the GPU captured in a CUDA graph after a warm-up call and
+                replayed 100 times on new data: every replay's bits those of the eager call
   stream-wait   whether Work.wait() of a CUDA collective queued behind a long kernel holds
                 the host or only the current stream (native path and layered over NCCL)
   sanitizer     compute-sanitizer memcheck on the kernel tests (optional)
@@ -145,6 +150,8 @@ def plan(dry):
              own("host-cost"), measures=True),
         Step("graphs", 90, "layered collectives over NCCL captured in CUDA graphs, 100 replays: the bits of eager "
              "calls", own("graphs"), measures=True),
+        Step("capture", 60, "pycomm's collectives at 2 ranks captured in CUDA graphs, 100 replays: the bits of "
+             "eager calls", own("capture"), measures=True),
         Step("stream-wait", 60, "Work.wait() behind a long kernel: host or stream", own("stream-wait"),
              measures=True),
         Step("sanitizer", 100, "compute-sanitizer memcheck: reduce and codec kernel tests",
@@ -624,8 +631,93 @@ def step_graphs(dry, save):
     return {"rows": rows, "verdict": "FAIL: other bits in %s" % bad if bad else "pass"}
 
 
+# pycomm's own collectives the capture step captures, at 2 ranks on the GPU: (collective,
+# the direct API's keyword arguments).
+CAPTURE_CASES = [(collective, kw) for collective in ("allreduce", "reduce_scatter", "allgather")
+                 for kw in ({}, {"deterministic": True}, {"deterministic": "exact"}, {"compression": "fp8_e4m3"})]
+
+
+def _capture_rank(rank, ws, init_file, dry, queue):
+    """One rank of the capture step: each case warmed up, captured, replayed on new data
+    and compared with the same call made outside the graph (in a dry run, the calls stand
+    in for the replays); a case that cannot be captured says why."""
+    import torch
+
+    import pycomm
+
+    device = _device(dry)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    _init_world("pycomm", rank, ws, init_file)
+    replays = 3 if dry else 100
+    n = 1 << 14
+    rows = []
+    for collective, kw in CAPTURE_CASES:
+        size_in, size_out = {"allreduce": (n, n), "reduce_scatter": (n * ws, n), "allgather": (n, n * ws)}[collective]
+        data = torch.empty(size_in, device=device)
+        out = torch.empty(size_out, device=device)
+
+        def call(x, y):
+            if collective == "allreduce":
+                y.copy_(x)
+                pycomm.all_reduce(y, **kw)
+            elif collective == "reduce_scatter":
+                pycomm.reduce_scatter_tensor(y, x, **kw)
+            else:
+                pycomm.all_gather_into_tensor(y, x, **kw)
+
+        row = {"collective": collective, "options": kw, "replays": 0, "wrong": 0, "captured": "dry run"}
+        call(data.normal_(), out)  # the warm-up
+        replay = lambda: call(data, out)  # noqa: E731 - a dry run's stand-in
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    call(data, out)
+                row["captured"] = "yes"
+                replay = graph.replay
+            except Exception as e:  # not capturable: say why, and go on with the next case
+                row["captured"] = "no: " + str(e).splitlines()[0][:300]
+                replay = None
+                torch.cuda.synchronize()
+        for i in range(replays if replay else 0):
+            seed = 1000 * i + rank
+            data.copy_(torch.randn(size_in, generator=torch.Generator().manual_seed(seed)).to(device))
+            replay()
+            expected = torch.empty_like(out)
+            call(data, expected)
+            row["replays"] += 1
+            row["wrong"] += not torch.equal(out.view(torch.int32), expected.view(torch.int32))
+        rows.append(row)
+    if rank == 0:
+        queue.put(rows)
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
+def step_capture(dry, save):
+    """pycomm's own collectives (all-reduce, reduce-scatter, all-gather; every mode, a
+    codec) at 2 ranks on the GPU, captured in CUDA graphs after a warm-up call and replayed
+    100 times on new data, each replay's bits those of the same call made outside the
+    graph; a collective that cannot be captured fails the step, saying why."""
+    sys.path.insert(0, BENCH)
+    import gpu
+
+    with tempfile.TemporaryDirectory() as tmp, _mps_daemon() as mps_note:
+        os.environ["PYCOMM_CUDA_FLAGS"] = "always"  # the team, time-sliced too
+        rows = gpu.run_spawned(_capture_rank, 2, (2, os.path.join(tmp, "two"), dry))
+    for r in rows:
+        print("%-15s %-30s captured: %s; %d replays, %d with other bits than the eager call" % (
+            r["collective"], r["options"], r["captured"], r["replays"], r["wrong"]), flush=True)
+    bad = ["%s %s" % (r["collective"], r["options"]) for r in rows
+           if r["wrong"] or r["captured"] not in ("yes", "dry run") or not r["replays"]]
+    return {"rows": rows, "mps": mps_note, "verdict": "FAIL: %s" % bad if bad else "pass"}
+
+
 MEASURING = {"versions": step_versions, "throughput": step_throughput, "allreduce": step_allreduce,
-             "host-cost": step_host_cost, "graphs": step_graphs, "stream-wait": step_stream_wait}
+             "host-cost": step_host_cost, "graphs": step_graphs, "capture": step_capture,
+             "stream-wait": step_stream_wait}
 
 
 # ---------------------------------------------------------------------------------------
@@ -716,6 +808,13 @@ def summary_markdown(report):
                   "| collective | options | replays | other bits than the eager call |", "|---|---|---|---|"]
         lines += ["| %s | %s | %d | %d |" % (r["collective"], r["options"], r["replays"], r["wrong"])
                   for r in gr["rows"]]
+    ca = results.get("capture")
+    if ca and ca.get("rows"):
+        lines += ["", "## pycomm's collectives in CUDA graphs (2 ranks, %s)" % ca["mps"], "",
+                  "| collective | options | captured | replays | other bits than the eager call |",
+                  "|---|---|---|---|---|"]
+        lines += ["| %s | %s | %s | %d | %d |" % (r["collective"], r["options"], r["captured"], r["replays"],
+                                                 r["wrong"]) for r in ca["rows"]]
     sw = results.get("stream-wait")
     if sw and sw.get("rows"):
         lines += ["", "## Work.wait() behind a queued kernel", "",

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpu_check  # noqa: E402
 
 STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "allreduce",
-         "host-cost", "graphs", "stream-wait", "sanitizer"]
+         "host-cost", "graphs", "capture", "stream-wait", "sanitizer"]
 
 
 def test_dry_run_plans_and_rehearses_every_step(tmp_path):
@@ -30,7 +30,7 @@ def test_dry_run_plans_and_rehearses_every_step(tmp_path):
     assert verdicts["build"].startswith("planned: ") and "--no-build-isolation --no-deps -e ." in verdicts["build"]
     for name in ("cuda-tests", "cuda-faults", "layered", "triton-tests", "sanitizer"):
         assert re.match(r"collected: [1-9]\d*(/\d+)? tests? collected", verdicts[name]), (name, verdicts[name])
-    for name in ("versions", "throughput", "allreduce", "host-cost", "graphs", "stream-wait"):
+    for name in ("versions", "throughput", "allreduce", "host-cost", "graphs", "capture", "stream-wait"):
         assert verdicts[name] == "pass", (name, verdicts[name])
     results = {s["name"]: s["result"] for s in report["steps"] if s.get("result")}
     measured = {(r["kernels"], r["op"]) for r in results["throughput"]["rows"]}
@@ -46,6 +46,9 @@ def test_dry_run_plans_and_rehearses_every_step(tmp_path):
     graphs = results["graphs"]["rows"]
     assert {r["collective"] for r in graphs} == {"allreduce", "reduce_scatter", "allgather"} and len(graphs) == 9
     assert all(r["replays"] > 0 and r["wrong"] == 0 for r in graphs), graphs
+    capture = results["capture"]["rows"]
+    assert {r["collective"] for r in capture} == {"allreduce", "reduce_scatter", "allgather"} and len(capture) == 12
+    assert all(r["replays"] > 0 and r["wrong"] == 0 for r in capture), capture
     assert set(results["stream-wait"]["rows"]) == {"layered over gloo, 1 rank", "native pycomm, 2 ranks"}
     summary = (tmp_path / "gpu-cpu-dry-check.md").read_text()
     assert all("| %s |" % name in summary for name in STEPS)
