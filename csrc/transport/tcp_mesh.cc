@@ -1,26 +1,23 @@
 // The TCP transport's connections: one authenticated connection per pair of peers, made
 // when the group is created for the eager peers and when first used for the others.
 //
-// Set-up. Every rank with peers listens on one IPv4 address (127.0.0.1 when all its peers
-// share its host, else PYCOMM_SOCKET_IFNAME's address, else the first up non-loopback
-// interface's), on an ephemeral port, for the group's life, and publishes "addr:port"
-// under <key_prefix>/tcp/addr/<rank>; then it reads every peer's address at once. At
-// creation the higher rank of each eager pair connects to the lower one. Afterwards
-// whichever rank of a pair wants the connection first connects, so that a send never waits
-// for its receiver to act; when both try at once, the higher rank's connection is kept:
-// the higher rank refuses the lower one's (a Nack) while its own is in flight, and the
-// lower rank drops its own attempt when the higher one's arrives. Before any frame the
-// connector sends a Hello {magic, version, from, to, secret}; the acceptor checks every
-// field (to == self, from is a peer neither connected nor handshaking, the secret
-// matches, compared in constant time) and answers with an Ack (or a Nack) carrying its
-// own rank and the secret, which the connector checks in turn. A connection failing any
-// check is closed; the acceptor keeps accepting, and keeps room for a handshake from every
-// peer at once besides kSpareHandshakes strangers', so a stranger can neither take a
-// peer's place nor stop the group from forming. Connects, accepts and handshakes all
-// progress together in one poll() loop: set-up's, then the I/O thread's.
+// Set-up. Every rank with peers listens on one IPv4 address (tcp_addresses.h chooses it),
+// on an ephemeral port, for the group's life, and publishes "addr:port" under
+// <key_prefix>/tcp/addr/<rank>; then it reads every peer's address at once. At creation
+// the higher rank of each eager pair connects to the lower one. Afterwards whichever rank
+// of a pair wants the connection first connects, so that a send never waits for its
+// receiver to act; when both try at once, the higher rank's connection is kept: the higher
+// rank refuses the lower one's (a Nack) while its own is in flight, and the lower rank
+// drops its own attempt when the higher one's arrives. Before any frame the connector
+// sends a Hello {magic, version, from, to, secret} (tcp_wire.h); the acceptor checks every
+// field (to == self, from is a peer neither connected nor handshaking, the secret matches,
+// compared in constant time) and answers with an Ack (or a Nack) carrying its own rank and
+// the secret, which the connector checks in turn. A connection failing any check is
+// closed; the acceptor keeps accepting, and keeps room for a handshake from every peer at
+// once besides kSpareHandshakes strangers', so a stranger can neither take a peer's place
+// nor stop the group from forming. Connects, accepts and handshakes all progress together
+// in one poll() loop: set-up's, then the I/O thread's.
 #include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -29,126 +26,21 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 
 #include "core/error.h"
-#include "transport/tcp_socket.h"
+#include "transport/tcp_addresses.h"
+#include "transport/tcp_mesh.h"
+#include "transport/tcp_wire.h"
 
 namespace pycomm {
 namespace tcp {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x70634843;  // "pcHC": connector -> acceptor
-constexpr uint32_t kAckMagic = 0x70634841;    // "pcHA": acceptor -> connector
-constexpr uint32_t kNackMagic = 0x7063484e;   // "pcHN": acceptor -> connector, its own one wins
-constexpr uint32_t kProtocolVersion = 2;
 constexpr size_t kSpareHandshakes = 32;  // unauthenticated connections kept beyond one per peer
 constexpr std::chrono::seconds kHandshakeTimeout{10};     // for an accepted connection's Hello
 constexpr std::chrono::milliseconds kMaxRetryDelay{500};  // between connect attempts
-
-
-// The handshake message, both directions (magic tells which). Native byte order, like
-// FrameHeader.
-struct Hello {
-  uint32_t magic = 0;
-  uint32_t version = 0;
-  int32_t from_rank = -1;
-  int32_t to_rank = -1;
-  uint32_t secret_bytes = 0;
-  uint32_t reserved = 0;
-  unsigned char secret[kMaxSecret] = {};
-};
-static_assert(sizeof(Hello) == 88, "Hello is a wire format");
-
-Hello make_hello(uint32_t magic, int from, int to, const std::string& secret) {
-  Hello h;
-  h.magic = magic;
-  h.version = kProtocolVersion;
-  h.from_rank = from;
-  h.to_rank = to;
-  h.secret_bytes = static_cast<uint32_t>(secret.size());
-  std::memcpy(h.secret, secret.data(), secret.size());
-  return h;
-}
-
-// Compares the whole secret field and its length whatever their contents, so the time
-// taken tells nothing about how much of a guess was right.
-bool secret_matches(const Hello& h, const std::string& secret) {
-  unsigned char expected[kMaxSecret] = {};
-  std::memcpy(expected, secret.data(), secret.size());
-  uint32_t diff = h.secret_bytes ^ static_cast<uint32_t>(secret.size());
-  for (size_t i = 0; i < kMaxSecret; ++i) diff |= static_cast<uint32_t>(h.secret[i] ^ expected[i]);
-  return diff == 0;
-}
-
-// True when `h` is a handshake message of kind `magic` (Hello or Ack) for rank `to` that
-// proves the secret; the sender's rank is the caller's to check. Reserved must be zero, so
-// that every byte of the message is checked. The secret is compared even when the rest is
-// invalid, to keep timing uniform.
-bool handshake_valid(const Hello& h, uint32_t magic, int to, const std::string& secret) {
-  const bool fields = h.magic == magic && h.version == kProtocolVersion && h.reserved == 0 && h.to_rank == to;
-  return secret_matches(h, secret) && fields;
-}
-
-// A peer's abort reason as it goes into an error message: printable ASCII, any other byte
-// as \xNN. The bytes come off the wire: a NUL would cut the message short, bytes that are
-
-std::string ipv4_text(const in_addr& a) {
-  char buf[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &a, buf, sizeof buf);
-  return buf;
-}
-
-// The one address this rank listens on (see the file comment).
-in_addr listen_address(const TransportSetup& s) {
-  in_addr loopback{};
-  loopback.s_addr = htonl(INADDR_LOOPBACK);
-  if (std::all_of(s.peers.begin(), s.peers.end(),
-                  [&](int p) { return s.ranks[p].shares_host_with(s.ranks[s.rank]); }))
-    return loopback;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) fail(ErrorKind::Internal, errno_message("pycomm: getifaddrs"));
-  std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> guard(list, freeifaddrs);
-  const std::string& wanted = s.config->socket_ifname;  // an interface name or one of its addresses
-  in_addr wanted_address{};
-  const bool by_address = inet_pton(AF_INET, wanted.c_str(), &wanted_address) == 1;
-  for (const ifaddrs* i = list; i; i = i->ifa_next) {
-    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
-    const in_addr a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
-    if (!wanted.empty()) {
-      if (by_address ? a.s_addr != wanted_address.s_addr : wanted != i->ifa_name) continue;
-      if (!(i->ifa_flags & IFF_UP))
-        fail(ErrorKind::InvalidArgument,
-             "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted + ": the interface is down");
-      return a;
-    }
-    if ((i->ifa_flags & IFF_UP) && !(i->ifa_flags & IFF_LOOPBACK)) return a;
-  }
-  if (!wanted.empty())
-    fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted +
-                                         ": no network interface of that name with an IPv4 address, nor an interface with that address");
-  return loopback;
-}
-
-// Parses "a.b.c.d:port" as published by a peer.
-std::optional<sockaddr_in> parse_address(const std::string& text) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= text.size() || text.size() - colon > 6)
-    return std::nullopt;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  if (inet_pton(AF_INET, text.substr(0, colon).c_str(), &a.sin_addr) != 1) return std::nullopt;
-  unsigned long port = 0;
-  for (size_t i = colon + 1; i < text.size(); ++i) {
-    if (text[i] < '0' || text[i] > '9') return std::nullopt;
-    port = port * 10 + static_cast<unsigned long>(text[i] - '0');
-  }
-  if (port == 0 || port > 65535) return std::nullopt;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  return a;
-}
 
 Fd new_socket() {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -172,7 +64,8 @@ class Mesh::Impl {
       : s_(s), peer_(s.size, 0), claimed_(s.size, 0), connected_(s.size, 0), outgoing_of_(s.size, -1),
         max_handshakes_(s.peers.size() + kSpareHandshakes) {
     if (s.secret.size() > kMaxSecret)
-      fail(ErrorKind::InvalidArgument, "pycomm: the group secret is longer than " + std::to_string(kMaxSecret) + " bytes");
+      fail(ErrorKind::InvalidArgument,
+           "pycomm: the group secret is longer than " + std::to_string(kMaxSecret) + " bytes");
     for (int p : s.peers) peer_[p] = 1;
     if (!s.peers.empty()) listen_on(listen_address(s));
     addresses_.resize(s_.size);
@@ -273,7 +166,8 @@ class Mesh::Impl {
     std::string addr_text;
     Fd fd;
     Phase phase = Phase::Idle;
-    Hello hello, reply;
+    Hello hello;
+    char reply[kHelloBytes] = {};  // as received
     size_t off = 0;
     Clock::time_point retry_at;
     std::chrono::milliseconds delay{10};
@@ -283,7 +177,8 @@ class Mesh::Impl {
   struct Incoming {  // an accepted connection, not yet authenticated
     Fd fd;
     Phase phase = Phase::Receiving;
-    Hello hello, ack;  // ack: an Ack, or a Nack that closes the connection once sent
+    char hello[kHelloBytes] = {};  // as received
+    Hello ack;                     // an Ack, or a Nack that closes the connection once sent
     size_t off = 0;
     int peer = -1;  // once its Hello was accepted
     Clock::time_point since;
@@ -404,8 +299,7 @@ class Mesh::Impl {
       return;  // the Ack needs a round trip: wait for POLLIN
     }
     if (o.phase == Phase::Receiving) {
-      const ssize_t n = ::recv(o.fd.get(), reinterpret_cast<char*>(&o.reply) + o.off,
-                               sizeof o.reply - o.off, 0);
+      const ssize_t n = ::recv(o.fd.get(), o.reply + o.off, sizeof o.reply - o.off, 0);
       if (n == 0)
         return retry_later(o, "the peer closed the connection during the handshake "
                               "(wrong secret, or a different pycomm version?)");
@@ -415,14 +309,15 @@ class Mesh::Impl {
       }
       o.off += static_cast<size_t>(n);
       if (o.off < sizeof o.reply) return;
-      const Hello& r = o.reply;
-      if (r.from_rank == o.peer && handshake_valid(r, kNackMagic, s_.rank, s_.secret)) {
+      const DecodedHello nack = decode_hello(o.reply, o.off, kNackMagic, s_.rank, s_.secret);
+      if (nack.message.from_rank == o.peer && !nack.error) {
         o.fd.reset();  // the peer's own connection, in flight, is the pair's
         o.phase = Phase::Done;
         o.last_error = "refused in favour of its own connection to this rank, not arrived yet";
         return;
       }
-      if (!(handshake_valid(r, kAckMagic, s_.rank, s_.secret) && r.from_rank == o.peer))
+      const DecodedHello ack = decode_hello(o.reply, o.off, kAckMagic, s_.rank, s_.secret);
+      if (ack.error || ack.message.from_rank != o.peer)
         return retry_later(o, "invalid handshake reply");
       connected(o.peer, std::move(o.fd));
       o.phase = Phase::Done;
@@ -461,8 +356,7 @@ class Mesh::Impl {
 
   void progress_incoming(Incoming& i) {
     if (i.phase == Phase::Receiving) {
-      const ssize_t n = ::recv(i.fd.get(), reinterpret_cast<char*>(&i.hello) + i.off,
-                               sizeof i.hello - i.off, 0);
+      const ssize_t n = ::recv(i.fd.get(), i.hello + i.off, sizeof i.hello - i.off, 0);
       if (n == 0) return drop(i);
       if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) drop(i);
@@ -470,10 +364,10 @@ class Mesh::Impl {
       }
       i.off += static_cast<size_t>(n);
       if (i.off < sizeof i.hello) return;
-      const Hello& h = i.hello;
-      const int from = h.from_rank;
+      const DecodedHello h = decode_hello(i.hello, i.off, kHelloMagic, s_.rank, s_.secret);
+      const int from = h.message.from_rank;
       const bool from_ok = from >= 0 && from < s_.size && peer_[from] && !claimed_[from] && !connected_[from];
-      if (!(handshake_valid(h, kHelloMagic, s_.rank, s_.secret) && from_ok)) return drop(i);
+      if (h.error || !from_ok) return drop(i);
       i.off = 0;
       i.phase = Phase::Sending;
       Outgoing* mine = attempt_to(from);
@@ -548,7 +442,6 @@ void Mesh::progress(const pollfd* fds) { impl_->progress(fds); }
 std::vector<std::pair<int, Fd>> Mesh::take_connected() { return impl_->take_connected(); }
 std::vector<std::pair<int, std::string>> Mesh::take_refused() { return impl_->take_refused(); }
 std::string Mesh::pending(int peer) const { return impl_->pending(peer); }
-
 
 }  // namespace tcp
 }  // namespace pycomm

@@ -1,24 +1,21 @@
-// What the two halves of the TCP transport share: descriptors owned by Fd, the mesh of
-// authenticated connections (tcp_mesh.cc), and poll deadlines.
+// What the parts of the TCP transport share about sockets: descriptors owned by Fd, poll
+// deadlines and sends that never block.
 #pragma once
 
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
-#include <memory>
-#include <string>
 #include <utility>
-#include <vector>
 
 #include "core/deadline.h"
-#include "transport/transport.h"
 
 namespace pycomm {
 namespace tcp {
-
-constexpr size_t kMaxSecret = 64;  // bytes of the group secret a handshake carries
 
 // Owns one file descriptor.
 class Fd {
@@ -47,43 +44,25 @@ class Fd {
   int fd_ = -1;
 };
 
-// The authenticated, non-blocking connections of one rank to the peers of a TransportSetup,
-// one per pair. Made at creation for `eager` peers (a set that must be symmetric: p lists
-// this rank where it lists p), the higher rank of each pair connecting to the lower one's
-// listener; on demand for the others: want(p) starts connecting to p, and p may connect
-// first (tcp_mesh.cc says which connection a pair keeps). Construction listens, publishes
-// its address and reads every peer's (one wait and one read of the store, whatever the
-// number of peers), then returns once every eager peer is connected, or throws: a Timeout
-// at the set-up deadline naming who never connected, an InvalidArgument for a bad
-// interface or secret. Afterwards one thread (the transport's I/O thread) drives it:
-// poll_set() appends what to poll and returns by when to call again, progress() takes
-// those entries back after poll(), take_connected() hands over the sockets authenticated
-// since the last call (the eager ones first).
-class Mesh {
- public:
-  Mesh(const TransportSetup& s, const std::vector<int>& eager);
-  ~Mesh();
-  void want(int peer);
-  Clock::time_point poll_set(std::vector<pollfd>& fds);
-  void progress(const pollfd* fds);
-  std::vector<std::pair<int, Fd>> take_connected();
-  // Lower peers whose listener refused a connection after set-up (they have gone), with
-  // the reason, since the last call.
-  std::vector<std::pair<int, std::string>> take_refused();
-  // Why `peer` is not connected yet, for an error message.
-  std::string pending(int peer) const;
-
- private:
-  class Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
 // poll()'s timeout until `until`, rounded up, 0 once it has passed.
 inline int poll_timeout_ms(Clock::time_point until) {
   const auto left = until - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1;
   return static_cast<int>(std::min<long long>(ms, 1 << 30));
+}
+
+// sendmsg() of `count` pieces without blocking, again where a signal interrupted it: the
+// bytes the kernel took (0 where the socket buffer is full), or -errno.
+inline ssize_t send_pieces(int fd, iovec* iov, size_t count) {
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = count;
+  for (;;) {
+    const ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno != EINTR) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+  }
 }
 
 }  // namespace tcp

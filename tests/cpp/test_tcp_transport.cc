@@ -3,8 +3,7 @@
 // passed.
 //
 // Build and run from the repository root:
-//   g++ -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc -Itests/cpp csrc/core/common.cc
-//       csrc/core/types.cc csrc/core/config.cc csrc/transport/tcp.cc
+//   g++ -std=c++17 -O2 -Wall -Wextra -pthread -Icsrc -Itests/cpp csrc/core/*.cc csrc/transport/tcp_*.cc
 //       tests/cpp/test_tcp_transport.cc -o /tmp/test_tcp && /tmp/test_tcp
 // PYCOMM_TEST_ONLY=<part of a case name> runs the matching cases only.
 // Under valgrind or sanitizers, stretch the timing bounds: PYCOMM_TEST_SLACK=10.
@@ -667,7 +666,7 @@ void test_peer_gone_while_waiting() {
   }
 }
 
-// The handshake as a stranger would send it (mirrors the wire format in tcp.cc).
+// The handshake as a stranger would send it (mirrors the wire format in tcp_wire.h).
 struct RawHello {
   uint32_t magic = 0x70634843;
   uint32_t version = 2;
