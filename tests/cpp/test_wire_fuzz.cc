@@ -1,6 +1,14 @@
 // Fuzz test of the TCP wire protocol: what a rank makes of hostile bytes on its sockets.
 //
-// Raw sockets play the attacker against real TCP transports (loopback, in-process store):
+// First the decoders of tcp_wire.h, fed bytes directly:
+//   0. Decoders. Hellos cut at every length, over-long, with every bit flipped, mutated or
+//      random: decode_hello() accepts only a valid one (but for the sender's rank, which
+//      is its caller's to check) and rejects the others with a printable error. Mutated
+//      frame headers: header_error() passes exactly the readable ones. A recorded session's
+//      frames cut at every length, and mutated: find_abort_reason() finds the Abort's
+//      reason only once it is whole, and returns only printable text.
+// Then raw sockets play the attacker against real TCP transports (loopback, in-process
+// store):
 //   1. Handshake. Random bytes, mutated, truncated and over-long Hellos, ranks out of
 //      range or already taken, slow senders, floods and immediate closes, thrown at a rank
 //      that is setting up its group (the "listener"). It must close each of them without
@@ -67,6 +75,7 @@
 #include "memory_store.h"
 #include "test_ranks.h"
 #include "transport/tcp_socket.h"
+#include "transport/tcp_wire.h"
 #include "transport/transport.h"
 
 using namespace pycomm;
@@ -143,7 +152,7 @@ std::string bytes_of(const T& v) {
   return std::string(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-// ---- The wire format seen from outside (mirrors tcp.cc and transport.h). ----
+// ---- The wire format seen from outside (mirrors tcp_wire.h and core/wire.h). ----
 
 constexpr uint32_t kHelloMagic = 0x70634843;
 constexpr uint32_t kAckMagic = 0x70634841;
@@ -163,11 +172,7 @@ static_assert(sizeof(RawHello) == 88, "Hello is a wire format");
 constexpr size_t kHelloBytes = sizeof(RawHello);
 
 RawHello make_hello(uint32_t magic, int from, int to) {
-  RawHello h;
-  h.magic = magic;
-  h.from_rank = from;
-  h.to_rank = to;
-  h.secret_bytes = static_cast<uint32_t>(kSecret.size());
+  RawHello h{magic, 2, from, to, static_cast<uint32_t>(kSecret.size()), 0, {}};
   std::memcpy(h.secret, kSecret.data(), kSecret.size());
   return h;
 }
@@ -996,7 +1001,7 @@ void phase_sessions(const Listener& l, uint64_t seed, const Budget& budget) {
   const auto start = Clock::now();
   const Session recorded;
   {  // unmutated: frames, then the Abort's reason (which may overtake frames still queued
-     // in the kernel when the receiver's slots are full: tcp.cc peeks for it)
+     // in the kernel when the receiver's slots are full: tcp_channel_io.cc peeks for it)
     const Received r = run_session(recorded.bytes, recorded.expect, End::Close, "sessions: recorded");
     CHECK(r.error && contains(r.error->what(), "aborted: rank 1 gave up"), "sessions: the recorded session: %s",
           r.error ? r.error->what() : "no error");
@@ -1016,6 +1021,110 @@ void phase_sessions(const Listener& l, uint64_t seed, const Budget& budget) {
   }
   std::printf("  sessions: %llu mutated, %llu of them with a changed Hello, to the listener (%.1f s)\n",
               static_cast<unsigned long long>(i), static_cast<unsigned long long>(to_listener), seconds_since(start));
+}
+
+// ---- Phase 0: the decoders (tcp_wire.h), fed bytes directly. ----
+
+// `got` is a rejection as the decoders must give it: said, in printable text.
+bool clear_error(const char* got) { return got && *got && printable(got); }
+bool clear_error(const std::string& got) { return clear_error(got.c_str()); }
+
+// The bytes the decoder took as a Hello to rank 0 are rank 1's valid Hello, but for the
+// sender's rank (the caller's to check).
+bool valid_but_sender(const std::string& bytes) {
+  if (bytes.size() != kHelloBytes) return false;
+  std::string as_rank1 = bytes;
+  const int32_t one = 1;
+  std::memcpy(&as_rank1[offsetof(RawHello, from_rank)], &one, sizeof one);
+  return as_rank1 == kValidHello;
+}
+
+// decode_hello() on `bytes`: accepted only when valid but for the sender, else rejected
+// with a clear error. Returns what is wrong, or "".
+std::string decode_verdict(const std::string& bytes) {
+  const tcp::DecodedHello d = tcp::decode_hello(bytes.data(), bytes.size(), tcp::kHelloMagic, 0, kSecret);
+  if (!d.error) return valid_but_sender(bytes) ? "" : "accepted";
+  return clear_error(d.error) ? "" : std::string("rejected without a clear error: '") + d.error + "'";
+}
+
+// header_error() on `h`: "" exactly for a header a channel of kChunk-byte slots may read
+// the payload of, else a clear error. Returns what is wrong, or "".
+std::string header_verdict(const FrameHeader& h) {
+  const std::string got = tcp::header_error(h, kChunk);
+  const bool data = h.kind == static_cast<uint16_t>(FrameKind::Data) && h.bytes <= kChunk;
+  const bool abort = h.kind == static_cast<uint16_t>(FrameKind::Abort) && h.bytes <= kMaxReason;
+  const bool ok = h.magic == kFrameMagic && (data || abort);
+  if (ok) return got.empty() ? "" : "a valid header rejected: " + got;
+  return clear_error(got) ? "" : "an invalid header accepted or rejected unclearly: '" + got + "'";
+}
+
+// find_abort_reason() on received bytes: none, or printable text of at most kMaxReason
+// bytes, each shown in at most 4 characters.
+std::string scan_verdict(const std::string& bytes) {
+  const auto got = tcp::find_abort_reason(bytes.data(), bytes.size(), kChunk);
+  return !got || (printable(*got) && got->size() <= 4 * kMaxReason) ? "" : "an unprintable or over-long reason";
+}
+
+void phase_decoders(uint64_t seed, const Budget& budget) {
+  const auto start = Clock::now();
+  // The library's encoding is the format this test mirrors.
+  CHECK(bytes_of(tcp::make_hello(tcp::kHelloMagic, 1, 0, kSecret)) == kValidHello, "decoders: make_hello()");
+  CHECK(tcp::kHelloBytes == kHelloBytes, "decoders: the Hello's size");
+  CHECK(tcp::abort_frame("rank 1 gave up") == abort_frame("rank 1 gave up"), "decoders: abort_frame()");
+  CHECK(tcp::abort_frame(std::string(kMaxReason + 5, 'r')) == abort_frame(std::string(kMaxReason, 'r')),
+        "decoders: abort_frame() cuts the reason to kMaxReason bytes");
+  {
+    const tcp::DecodedHello d = tcp::decode_hello(kValidHello.data(), kHelloBytes, tcp::kHelloMagic, 0, kSecret);
+    CHECK(!d.error && bytes_of(d.message) == kValidHello, "decoders: a valid Hello: %s", d.error ? d.error : "");
+  }
+  // Each kind is only itself; every length but the message's is rejected.
+  for (const uint32_t kind : {tcp::kAckMagic, tcp::kNackMagic})
+    CHECK(clear_error(tcp::decode_hello(kValidHello.data(), kHelloBytes, kind, 0, kSecret).error),
+          "decoders: a Hello taken for magic %08x", kind);
+  std::vector<std::string> fixed;
+  for (size_t n = 0; n < kHelloBytes; ++n) fixed.push_back(kValidHello.substr(0, n));
+  fixed.push_back(kValidHello + "x");
+  fixed.push_back(kValidHello + kValidHello);
+  // Every bit of the message is checked (a flip of the sender's rank is the caller's).
+  for (size_t bit = 0; bit < 8 * kHelloBytes; ++bit) {
+    fixed.push_back(kValidHello);
+    fixed.back()[bit / 8] = static_cast<char>(fixed.back()[bit / 8] ^ (1 << (bit % 8)));
+  }
+  for (const auto& bytes : fixed) {
+    const std::string verdict = decode_verdict(bytes);
+    CHECK(verdict.empty(), "decoders: a fixed Hello of %zu bytes: %s", bytes.size(), verdict.c_str());
+  }
+  // Every cut of a recorded session (less its Hello) finds the Abort's reason only once
+  // all of it is there.
+  const Session session;
+  const std::string frames = session.bytes.substr(kHelloBytes);
+  std::vector<Region> regions;
+  for (const Region& r : session.regions)
+    if (r.first >= kHelloBytes) regions.push_back({r.first - kHelloBytes, r.second});
+  for (size_t n = 0; n <= frames.size(); ++n) {
+    const auto got = tcp::find_abort_reason(frames.data(), n, kChunk);
+    CHECK((n == frames.size()) == (got && *got == "rank 1 gave up"), "decoders: the session cut at %zu bytes", n);
+  }
+  uint64_t i = 0;
+  for (; budget.more(i); ++i) {
+    Rng rng = case_rng(seed, 0, i);
+    const std::string label = "decoders: random case " + std::to_string(i) + " (seed " + std::to_string(seed) + ")";
+    const std::string hello = below(rng, 4) ? mutate(rng, kValidHello, {{0, kHelloBytes}})
+                                            : random_bytes(rng, below(rng, 2 * kHelloBytes));
+    std::string verdict = decode_verdict(hello);
+    CHECK(verdict.empty(), "%s: Hello: %s", label.c_str(), verdict.c_str());
+    FrameHeader h = header_with([](FrameHeader&) {});
+    const std::string header = mutate(rng, bytes_of(h), {{0, sizeof h}});
+    std::memcpy(&h, header.data(), std::min(header.size(), sizeof h));
+    verdict = header_verdict(h);
+    CHECK(verdict.empty(), "%s: header: %s", label.c_str(), verdict.c_str());
+    verdict = scan_verdict(mutate(rng, frames, regions));
+    CHECK(verdict.empty(), "%s: received bytes: %s", label.c_str(), verdict.c_str());
+    const std::string reason = random_bytes(rng, below(rng, 64));
+    CHECK(printable(tcp::printable_reason(reason.data(), reason.size())), "%s: printable_reason()", label.c_str());
+  }
+  std::printf("  decoders: %zu fixed Hellos, %zu session cuts, %llu random cases (%.1f s)\n", fixed.size(),
+              frames.size() + 1, static_cast<unsigned long long>(i), seconds_since(start));
 }
 
 // ---- Phase 1's end: the group forms while silent connections fill the pending slots. ----
@@ -1056,13 +1165,14 @@ int main() {
               static_cast<unsigned long long>(seconds));
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each phase's line as it ends
   const auto start = Clock::now();
-  // The phases' random cases get shares of the time left: 1/5, then 2/5 of what is left,
-  // then the rest.
+  // The phases' random cases get shares of the time left: 1/10, then 1/5 and 2/5 of what
+  // is left, then the rest.
   const auto budget = [&](double share) {
     const auto end = start + std::chrono::seconds(seconds);
     const auto now = Clock::now();
     return Budget{iterations, now + std::chrono::duration_cast<Clock::duration>((end - now) * share)};
   };
+  phase_decoders(seed, budget(0.1));
   Listener listener(scaled(60000) + std::chrono::seconds(seconds));
   phase_handshake(listener, seed, budget(0.2));
   phase_acceptor();
