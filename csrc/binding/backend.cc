@@ -125,7 +125,11 @@ void ProcessGroupPycomm::validate(Launch& l, const char* title) {
   l.bind_device(title);
   guard([&] {
     for (Request& rq : l.requests) comm_->validate(rq);
+    // On CUDA the plan says whether the operation can be enqueued on the caller's stream.
+    if (l.device.is_cuda() && !l.requests.empty() && !l.first_plan)
+      l.first_plan = comm_->plan_before_running(l.requests.front());
   });
+  l.order_on_device(title, l.first_plan && l.first_plan->variant == Variant::OneShotFlags);
 }
 
 std::optional<Communicator::Choices> ProcessGroupPycomm::run(Launch& l) {
@@ -156,7 +160,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   const size_t bytes = l.bytes();
   auto work = c10::make_intrusive<PycommWork>(getRank(), type, title, l.result);
   if (!l.requests.empty()) {
-    l.first_plan = comm_->plan_before_running(l.requests.front());
+    if (!l.first_plan) l.first_plan = comm_->plan_before_running(l.requests.front());
     work->set_choices(Communicator::choices(l.requests.front(), *l.first_plan));
   }
   for (Request& rq : l.requests) {
@@ -166,12 +170,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::launch(c10d::OpType type, con
   // Small operations run eagerly even when asynchronous: they are latency-bound, so a
   // hand-off to the worker thread would cost more than it could overlap. Run here, the
   // Launch needs no copy on the heap.
-  // A captured operation is enqueued on the capturing stream by this thread: the worker
-  // thread cannot wait for its inputs, which a graph only records.
-  const bool eager = blocking || bytes <= config(title).eager_bytes || l.captured;
+  // An operation on the caller's stream is enqueued by this thread, in order with the
+  // group's others: only while none is pending. Else it is driven by the host, after
+  // them, but a captured one cannot be (the worker thread cannot wait for inputs that a
+  // graph only records).
+  if (l.on_stream) {
+    if (lane == Engine::kOrdered && engine_->try_run([&] { complete(*work, l); })) {
+      work->enqueued_on_stream(l.device);
+      return work;
+    }
+    TORCH_CHECK(!l.captured, "pycomm: ", title, " captured in a CUDA graph while the group's earlier operations ",
+                "still run: wait for them before capturing");
+    l.host_driven();
+  }
+  const bool eager = blocking || bytes <= config(title).eager_bytes;
   if (eager && lane == Engine::kOrdered && engine_->try_run([&] { complete(*work, l); })) return work;
-  TORCH_CHECK(!l.captured, "pycomm: ", title, " captured in a CUDA graph while the group's earlier operations still ",
-              "run: wait for them before capturing");
   auto job = std::make_shared<Launch>(std::move(l));
   engine_->submit([this, work, job] { complete(*work, *job); }, lane);
   return work;

@@ -46,10 +46,38 @@ c10::intrusive_ptr<c10::ivalue::Future> PycommWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mutex_);
   if (!future_) {
     static const auto type = c10::ListType::create(c10::TensorType::get());
-    future_ = c10::make_intrusive<c10::ivalue::Future>(type);
+    if (end_) {
+      // Device-aware, as ProcessGroupNCCL's: completed on this thread's current stream once
+      // that stream waits for the operation, its users' streams wait for it in turn.
+      end_->block(current_stream(end_->device()));
+      future_ = c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{end_->device()});
+    } else {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(type);
+    }
     if (done_) settle(*future_);
   }
   return future_;
+}
+
+void PycommWork::enqueued_on_stream(const at::Device& device) {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  if (error_) return;  // it failed before anything was enqueued: wait() raises
+  end_ = std::make_shared<c10::Event>(device.type());
+  end_->record(current_stream(device));
+}
+
+bool PycommWork::isCompleted() {
+  std::shared_ptr<c10::Event> end;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    end = end_;
+  }
+  return Work::isCompleted() && (!end || end->query());
+}
+
+void PycommWork::synchronize() {
+  std::lock_guard<std::mutex> lock(future_mutex_);
+  if (end_) end_->block(current_stream(end_->device()));
 }
 
 // The future first: a caller woken by wait() may read get_future().value() at once.
@@ -114,21 +142,23 @@ void Launch::bind_device(const char* title) {
     TORCH_CHECK_VALUE(t.device() == device, "pycomm: ", title, ": tensors on different devices (", device,
                       " and ", t.device(), ")");
   }
-  if (device.is_cuda()) {
-    capture_on_stream(title);
-    if (captured) return;  // the operation follows its inputs on their stream
-    ready = std::make_shared<c10::Event>(device.type());
-    ready->record(current_stream(device));
-  }
 }
 
-void Launch::capture_on_stream(const char* title) {
-  if (!has_device_runtime()) return;
+void Launch::order_on_device(const char* title, bool team_runs_it) {
+  if (!device.is_cuda() || ready || on_stream) return;
   void* stream = current_stream(device).native_handle();
-  if (!device_runtime().capturing(device.index(), stream)) return;
-  TORCH_CHECK_VALUE(requests.size() == 1 && after.empty(), "pycomm: ", title,
+  captured = has_device_runtime() && device_runtime().capturing(device.index(), stream);
+  const bool single = requests.size() == 1 && after.empty();
+  TORCH_CHECK_VALUE(!captured || single, "pycomm: ", title,
                     " cannot be captured in a CUDA graph: only a single all-reduce of a dense tensor can");
-  captured = requests.front().stream = stream;
+  if (captured || (team_runs_it && single)) on_stream = requests.front().stream = stream;
+  else host_driven();
+}
+
+void Launch::host_driven() {
+  if (on_stream) on_stream = requests.front().stream = nullptr;
+  ready = std::make_shared<c10::Event>(device.type());
+  ready->record(current_stream(device));
 }
 
 void Launch::copy_back() {

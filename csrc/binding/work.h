@@ -38,6 +38,15 @@ class PycommWork final : public c10d::Work {
   int source = -1;
   int sourceRank() const override;
 
+  // An operation enqueued on the caller's current stream of `device` (Launch::on_stream),
+  // after complete(): from here on, as ProcessGroupNCCL's, wait() and synchronize() make
+  // the caller's current stream wait for the operation and return (c10d::Work::wait calls
+  // synchronize() once the work is complete on the host), is_completed() asks the device,
+  // and the future's value is ready on the device for its users' streams.
+  void enqueued_on_stream(const at::Device& device);
+  bool isCompleted() override;
+  void synchronize() override;
+
  private:
   void settle(c10::ivalue::Future& future) const;  // marks it as this work ended
 
@@ -46,26 +55,30 @@ class PycommWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // guarded by future_mutex_
   bool done_ = false;                                // guarded by future_mutex_
   std::exception_ptr error_;                         // set before done_
+  std::shared_ptr<c10::Event> end_;                  // on the caller's stream, after the operation
   mutable std::mutex choices_mutex_;
   Communicator::Choices choices_;                    // guarded by choices_mutex_
 };
 
 // What one Work runs: requests in order, then copies out of staging buffers.
 //
-// CUDA tensors (stream semantics as ProcessGroupNCCL's, as far as a caller can tell): the
-// requests wait for `ready`, recorded on the caller's current stream when the collective
-// is issued; they run on the device ops' internal stream; the Work completes once the
-// results, copy-backs included, are complete on the device, so Work.wait() (which waits
-// for completion) orders every later use on any stream after them. `keep` holds every
-// tensor involved until then.
+// CUDA tensors: an all-reduce that the device's team runs, and any operation a CUDA graph
+// captures, is enqueued on the caller's current stream (`on_stream`) by the calling thread,
+// and its Work waits as ProcessGroupNCCL's do (PycommWork::enqueued_on_stream). The others
+// are driven by the host: the requests wait for `ready`, recorded on the caller's current
+// stream when the collective is issued; they run on the device ops' internal stream; the
+// Work completes once the results, copy-backs included, are complete on the device, so
+// Work.wait() (which waits for completion on the host) orders every later use on any
+// stream after them. `keep` holds every tensor involved until then.
 struct Launch {
   std::vector<Request> requests;
   std::vector<at::Tensor> keep;               // every tensor a request points into
   std::vector<std::function<void()>> after;   // copy-backs, run after the last request
   std::vector<at::Tensor> result;             // the Work's result and future value
   at::Device device = at::kCPU;               // of every tensor in `keep` (bind_device())
-  std::shared_ptr<c10::Event> ready;          // CUDA: the inputs are complete
-  void* captured = nullptr;                   // CUDA: the stream a graph captures it on
+  std::shared_ptr<c10::Event> ready;          // CUDA, driven by the host: the inputs are complete
+  void* on_stream = nullptr;                  // CUDA: the caller's stream it is enqueued on
+  bool captured = false;                      // on_stream is being captured by a graph
   std::optional<Plan> first_plan;             // of requests[0], where made when issued
 
   at::Tensor in(const at::Tensor& t);         // dense read-only view (copied if strided)
@@ -77,17 +90,18 @@ struct Launch {
   size_t bytes() const;                       // of the largest tensor involved
 
   // When the collective is issued, on the caller's thread: sets `device` (ValueError naming
-  // `title` where the tensors in `keep` are on different devices) and, on CUDA, records
-  // `ready` on the caller's current stream, or, where a graph captures that stream, sets
-  // `captured` (capture_on_stream).
+  // `title` where the tensors in `keep` are on different devices).
   void bind_device(const char* title);
+  // Then, on CUDA, on the caller's thread: where a graph captures the caller's current
+  // stream, or `team_runs_it` (the device's team runs the first request), a single request
+  // with no copy-back is enqueued on that stream (`on_stream`, the request's `stream`);
+  // a captured operation that cannot be is a ValueError naming `title`. Otherwise, or
+  // after host_driven(), `ready` is recorded on it. Once per launch.
+  void order_on_device(const char* title, bool team_runs_it);
+  void host_driven();
   // Runs the copy-backs (`after`), after the last request; they are complete on the
   // device when it returns.
   void copy_back();
-  // Where a CUDA graph captures the caller's current stream (set by bind_device): the
-  // whole operation is enqueued on it (its request's `stream`), on the caller's thread,
-  // nothing waited for on the host; only one request with no copy-back can be.
-  void capture_on_stream(const char* title);
 };
 
 }  // namespace pycomm

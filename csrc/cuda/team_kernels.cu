@@ -122,7 +122,14 @@ __global__ void __launch_bounds__(kThreads)
                                       int(blockIdx.x), call.control, memory.now_ns(), call.budget_ns};
   const TeamPieces pieces{n, call.piece_bytes / sizeof(T), kTeamBlocks};
   BlockLanes<T, K, kExact, V> lanes{call, in, out, pieces, premul, world, in_aligned, out_aligned};
-  run_team_block(block, pieces, lanes);
+  run_team_block(block, pieces, lanes);  // returns on every thread of the block alike
+  if (call.finished) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      *static_cast<volatile int*>(call.finished + blockIdx.x) = call.tracked;
+    }
+  }
 }
 
 }  // namespace

@@ -22,6 +22,10 @@ struct TeamCall {
   int rank;
   uint64_t budget_ns;      // how long a block may wait for a peer
   int* control;            // host memory: [0] set by the host to abort; [1] TeamOutcome
+  // Host memory, a word per block where the host tracks this call (null where it does
+  // not: a call a graph captures): `tracked` once the block is done.
+  int* finished;
+  int tracked;
 };
 
 // Enqueues this member's part of an all-reduce of n elements of `in` into `out` on
