@@ -512,7 +512,11 @@ def step_stream_wait(dry, save):
         dist.destroy_process_group()
         sys.path.insert(0, BENCH)
         import gpu
-        rows["native pycomm, 2 ranks"] = gpu.run_spawned(_native_wait_rank, 2, (2, os.path.join(tmp, "two"), dry))
+        # The native all-reduce runs on the group's device team, whose members' kernels must
+        # run at once: under MPS where its daemon starts (time-sliced too, with always).
+        with _mps_daemon():
+            os.environ["PYCOMM_CUDA_FLAGS"] = "always"
+            rows["native pycomm, 2 ranks"] = gpu.run_spawned(_native_wait_rank, 2, (2, os.path.join(tmp, "two"), dry))
     for name, r in rows.items():
         print("%-32s wait returned after %.1f ms (kernel queued: %.0f ms): the %s waits; values %s" % (
             name, 1e3 * r["wait returned s"], 1e3 * r["queued kernel s"], r["holds"],

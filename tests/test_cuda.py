@@ -422,8 +422,11 @@ FLAG_PG_TIMEOUT_S = 3
 
 def flag_peer_fault(rank, ws, fault):
     """Rank 1 misses a flag-synchronized all-reduce, asleep or killed; rank 0 reports it.
-    The short timeout is a subgroup's: the world's group is made with the harness's, since
-    a loaded machine can start one rank's interpreter seconds after the other's."""
+    The all-reduce is enqueued on rank 0's stream and returns at once: its kernel gives up
+    at the deadline (asleep) or when the team's watchdog sees rank 1 exit (killed), and the
+    group's next call raises what it found. The short timeout is a subgroup's: the world's
+    group is made with the harness's, since a loaded machine can start one rank's
+    interpreter seconds after the other's."""
     import datetime
     import os
     import signal
@@ -437,7 +440,12 @@ def flag_peer_fault(rank, ws, fault):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(FLAG_PG_TIMEOUT_S + 5)
         return None
-    return timed_all_reduce(t, group=group)
+    started = time.monotonic()
+    dist.all_reduce(t, group=group)
+    torch.cuda.synchronize()
+    result = timed_all_reduce(t, group=group)
+    result["elapsed"] = time.monotonic() - started
+    return result
 
 
 @pytest.mark.parametrize("fault,words,bounds", [
