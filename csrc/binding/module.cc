@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "core/config.h"
+#include "core/numerics.h"
 #include "binding/accumulator.h"
 #include "binding/backend.h"
 #include "binding/codecs.h"
@@ -16,6 +17,7 @@
 #include "runtime/plan.h"
 #if defined(PYCOMM_WITH_CUDA)
 #include "cuda/cuda_runtime.h"
+#include "cuda/reduce_kernels.h"
 #endif
 
 namespace py = pybind11;
@@ -63,6 +65,29 @@ py::object direct_call(const c10::intrusive_ptr<c10d::ProcessGroup>& group, cons
     }
   }
   return work ? py::cast(work) : py::none();
+}
+
+// {name: number} of an enum of the core, by its table: the numbers kernels written
+// outside C++ (pycomm/kernels/) are specialized on, as the C++ code numbers them.
+template <class E>
+py::dict numbered() {
+  py::dict out;
+  for (const auto& [e, name] : pycomm::table_of<E>().entries) out[py::str(name)] = static_cast<int>(e);
+  return out;
+}
+
+// {dtype: the type its partial values are kept in} for the dtypes whose partial values are
+// of another type (core/types.h accumulation_type).
+py::dict partial_dtypes() {
+  py::dict out;
+  const at::ScalarType dtypes[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kChar,
+                                   at::kByte,  at::kInt,    at::kLong, at::kBool};
+  for (at::ScalarType t : dtypes) {
+    const pycomm::DataType acc = pycomm::accumulation_type(pycomm::to_core(t));
+    for (at::ScalarType a : dtypes)
+      if (a != t && pycomm::to_core(a) == acc) out[py::cast(t)] = py::cast(a);
+  }
+  return out;
 }
 
 }  // namespace
@@ -227,6 +252,27 @@ PYBIND11_MODULE(_C, m) {
   m.attr("codecs") = py::tuple(py::cast(codecs));
   m.attr("algorithms") = py::tuple(py::cast(pycomm::names<pycomm::Algorithm>()));
   m.attr("determinism_levels") = py::tuple(py::cast(pycomm::names<pycomm::Determinism>()));
+  // What the Triton kernels (pycomm/kernels/) share with the C++ ones, from the C++
+  // definitions: Python restates none of them.
+  m.attr("reduce_kinds") = numbered<pycomm::ReduceKind>();  // {"sum": 0, ...}: core/types.h ReduceKind
+  m.attr("codec_numbers") = numbered<pycomm::Compression>();  // {"none": 0, "fp16": 1, ...}: Compression
+  py::dict code_bytes;  // {codec: bytes of one code} (core/types.h code_size)
+  for (const auto& [c, name] : pycomm::table_of<pycomm::Compression>().entries)
+    if (c != pycomm::Compression::None) code_bytes[py::str(name)] = pycomm::code_size(c);
+  m.attr("code_bytes") = code_bytes;
+  m.attr("partial_dtypes") = partial_dtypes();
+  // core/numerics.h: exact mode's grids and the binned sums' bins.
+  m.attr("ROUND_TO_INTEGER") = pycomm::kRoundToInteger;
+  m.attr("EXACT_FRAC_BITS") = pycomm::kExactFracBits;
+  m.attr("EXACT_FRAC_BITS64") = pycomm::kExactFracBits64;
+  m.attr("BIN_BITS") = pycomm::kBinBits;
+  m.attr("NO_BIN") = static_cast<int>(pycomm::kNoBin);
+  // runtime/device_runtime.h: the most words a layered stamp holds (judge_stamps).
+  m.attr("MAX_STAMP_WORDS") = pycomm::kMaxStampWords;
+#if defined(PYCOMM_WITH_CUDA)
+  // cuda/reduce_kernels.h: the most terms one launch of pycomm's CUDA kernels folds.
+  m.attr("CUDA_FOLD_TERMS") = pycomm::kMaxDeviceTerms;
+#endif
   m.def("applied_compression", [](const std::string& collective, at::ScalarType dtype, const std::string& codec) {
     return pycomm::guard([&] {
       return std::string(pycomm::name_of(pycomm::applied_compression(
