@@ -265,8 +265,8 @@ def _kernel_sets():
 
     sets = {"cuda": _C.fold}
     try:
-        from pycomm import triton_kernels
-        sets["triton"] = triton_kernels.fold
+        from pycomm.kernels import triton
+        sets["triton"] = triton.fold
     except ImportError as e:
         print("triton: not importable (%s)" % e)
     return sets

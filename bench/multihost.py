@@ -42,7 +42,7 @@ all-gather, decode of one part while the mover carries another), as many as the 
 cost model says. For every layered variant the report splits each
 rank's time per call into those steps (``phases_ms``: the mover's collectives, waiting
 for the slowest peer included, and pycomm's encode, fold and decode), timed by wrapping
-the layered path's step functions (``_Call.move``, ``pairwise``, ``wait``, ``fold``) in the
+the layered path's step functions (``Call.move``, ``pairwise``, ``wait``, ``fold``) in the
 ranks.
 
 ``--collective reduce_scatter`` or ``all_gather`` times that collective instead (--size
@@ -125,17 +125,17 @@ PHASES = ("encode", "all_to_all_single", "pairwise", "fold", "fold+encode", "all
 
 class LayeredPhases:
     """Seconds this rank spends in each step of the layered calls since ``reset()``: the
-    mover's transfers, started and waited for (``_Call.move``, ``pairwise`` and ``wait``:
+    mover's transfers, started and waited for (``Call.move``, ``pairwise`` and ``wait``:
     all_to_all_single, pairwise, the all-gather, the stamps' included) and pycomm's CPU
-    work (``_Call.fold``: encode, fold, fold+encode, decode), timed by wrapping those
-    methods of pycomm.layered.call._Call in this process."""
+    work (``Call.fold``: encode, fold, fold+encode, decode), timed by wrapping those
+    methods of pycomm.layered.call.Call in this process."""
 
     def __init__(self):
         from pycomm import layered
-        from pycomm.layered.call import _Call
+        from pycomm.layered.call import Call
 
         self.spent = {}
-        move, pairwise, wait, fold = _Call.move, _Call.pairwise, _Call.wait, _Call.fold
+        move, pairwise, wait, fold = Call.move, Call.pairwise, Call.wait, Call.fold
         Form, Stage = layered.Form, layered.Stage
 
         def phase_of(what):
@@ -177,7 +177,7 @@ class LayeredPhases:
                     phase = "fold"
                 self.add(phase, start)
 
-        _Call.move, _Call.pairwise, _Call.wait, _Call.fold = timed_move, timed_pairwise, timed_wait, timed_fold
+        Call.move, Call.pairwise, Call.wait, Call.fold = timed_move, timed_pairwise, timed_wait, timed_fold
 
     def add(self, phase, start):
         self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C, layered
+from . import _C, kernels, layered
 
 __all__ = ["ProcessGroupPycomm", "Options", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs",
            "ReduceOp", "stats", "flight_recorder", "dump_flight_recorder",
@@ -249,40 +249,32 @@ def _block(block):
     return _C.default_compression_block() if block is None else int(block)
 
 
-def _triton_fold(tensor):
-    """The Triton kernels' fold where ``tensor`` is a CUDA tensor that takes them
-    (PYCOMM_KERNELS, read at each call, or a build without CUDA kernels), else None."""
-    if not tensor.is_cuda:
-        return None
-    kernels = layered.kernels_for(tensor.device, _C.LayeredConfig().kernels())
-    return None if kernels is _C else kernels.fold
-
-
 def encode(tensor, codec, block=None, out=None):
     """The bytes ``codec`` puts on the wire for ``tensor`` (float32/float16/bfloat16, read
     flat): blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each an fp32
     power-of-two scale followed by the codes. Returns a 1-D uint8 tensor (``out`` if
     given)."""
-    fold = _triton_fold(tensor)
-    if fold is None:
+    triton = kernels.triton_for(tensor)
+    if triton is None:
         return _C.encode(tensor, codec, _block(block), out)
     flat, n = tensor.contiguous().view(-1), tensor.numel()
     if out is None:
         out = torch.empty(_C.encoded_size(codec, _block(block), n), dtype=torch.uint8, device=tensor.device)
-    fold(out, [flat], [_C.Form.Input], tensor.dtype, n, ReduceOp.SUM, 1, False, codec, _block(block), _C.Stage.Encoded)
+    triton.fold(out, [flat], [_C.Form.Input], tensor.dtype, n, ReduceOp.SUM, 1, False, codec, _block(block),
+                _C.Stage.Encoded)
     return out
 
 
 def decode(encoded, codec, numel, dtype=torch.float32, block=None, out=None):
     """The values of ``encoded`` (from :func:`encode`) as a flat tensor of ``dtype``
     (``out`` if given)."""
-    fold = _triton_fold(encoded)
-    if fold is None:
+    triton = kernels.triton_for(encoded)
+    if triton is None:
         return _C.decode(encoded, codec, _block(block), int(numel), dtype, out)
     if out is None:
         out = torch.empty(int(numel), dtype=dtype, device=encoded.device)
-    fold(out, [encoded.contiguous()], [_C.Form.Encoded], dtype, int(numel), ReduceOp.SUM, 1, False, codec,
-         _block(block), _C.Stage.Final)
+    triton.fold(out, [encoded.contiguous()], [_C.Form.Encoded], dtype, int(numel), ReduceOp.SUM, 1, False, codec,
+                _block(block), _C.Stage.Final)
     return out
 
 

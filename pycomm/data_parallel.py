@@ -53,6 +53,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FSDP
 import pycomm
 
 from . import _C
+from .kernels import binned_ops
 
 __all__ = ["ExactDataParallel"]
 
@@ -66,20 +67,6 @@ _KEEP = 4
 def max_terms():
     """How many terms (micro-batch gradients of every rank) a state adds exactly."""
     return _C.binned_max_terms()
-
-
-def binned_ops(device):
-    """The binned-sum operations (add_to_bins, align_bins, merge_bins, value_of_bins) on
-    ``device``'s tensors: the C++ ones on the CPU, the Triton kernels on CUDA
-    (pycomm.triton_binned, the same bits)."""
-    if device.type != "cuda":
-        return _C
-    try:
-        from . import triton_binned
-    except ImportError as e:
-        raise ValueError(f"pycomm.exact_data_parallel: CUDA parameters need triton ({e}); install it, e.g. "
-                         "pip install 'pycomm[triton]'") from e
-    return triton_binned
 
 
 class ExactDataParallel:

@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 
 import pycomm
-from pycomm import _C
+from pycomm import _C, kernels
 
 __all__ = ["CompressionState", "compressed_allreduce_hook", "register_compression_hook",
            "DeterministicState", "deterministic_allreduce_hook", "register_deterministic_hook"]
@@ -175,10 +175,9 @@ class CompressionState:
 def _error_feedback(buf, residual, codec):
     """buf += residual (g = gradient + residual in float32, sent as g in the bucket's
     dtype); returns the new residual g - quantize(buf), zero where not finite."""
-    if pycomm._triton_fold(buf) is not None:  # one fused pass over the bucket
-        from pycomm import triton_kernels
-
-        return triton_kernels.error_feedback(buf.view(-1), residual, codec, pycomm._block(None))
+    triton = kernels.triton_for(buf)
+    if triton is not None:  # one fused pass over the bucket
+        return triton.error_feedback(buf.view(-1), residual, codec, _C.default_compression_block())
     g = buf if buf.dtype == torch.float32 else buf.float()
     if residual is not None:
         g.add_(residual.view(g.shape))

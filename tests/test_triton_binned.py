@@ -1,4 +1,4 @@
-"""The binned sums of pycomm.exact_data_parallel as Triton kernels (pycomm/triton_binned.py)
+"""The binned sums of pycomm.exact_data_parallel as Triton kernels (pycomm/kernels/binned.py)
 against the C++ ones, bit for bit, run by Triton's interpreter on this CPU
 (TRITON_INTERPRET=1, set before the kernels are defined): adding terms of every input type
 into empty and filled states (indices raised by 0, 1 and 2+ bins, zeros, subnormals,
@@ -20,7 +20,8 @@ except ImportError as e:
                       "pip install -r requirements.txt" % e) from e
 pytestmark = NUMPY_WARNINGS
 
-from pycomm import _C, triton_binned  # noqa: E402
+from pycomm import _C  # noqa: E402
+from pycomm.kernels import binned as triton_binned  # noqa: E402
 
 from _harness import run_world  # noqa: E402
 from _triton_compile import INEXACT_PTX, Launches, compile_sm90, skip_without_compiler  # noqa: E402
@@ -115,13 +116,13 @@ def test_compiled_kernels_divide_and_add_as_the_cpu(monkeypatch):
              ("_value_kernel", lambda: triton_binned.value_of_bins(torch.empty(64, dtype=torch.float16),
                                                                    *_state(64)[1:], 3.0))]
     for name, call in calls:
-        launches[f"pycomm.triton_binned:{name}"] = recorder = Launches()
+        launches[f"pycomm.kernels.binned:{name}"] = recorder = Launches()
         monkeypatch.setattr(triton_binned, name, recorder)
         call()
     ptxs = compile_sm90(launches)
     for name, ptx in ptxs:
         assert not INEXACT_PTX.search(ptx), (name, sorted(set(INEXACT_PTX.findall(ptx))))
-    assert any(name == "pycomm.triton_binned:_value_kernel" and "div.rn.f64" in ptx for name, ptx in ptxs)
+    assert any(name == "pycomm.kernels.binned:_value_kernel" and "div.rn.f64" in ptx for name, ptx in ptxs)
 
 
 def on_triton_world(rank, ws):

@@ -1,4 +1,4 @@
-"""pycomm's Triton kernels (pycomm/triton_kernels.py) against the CPU ops, bit for bit,
+"""pycomm's Triton kernels (pycomm/kernels/triton.py) against the CPU ops, bit for bit,
 run by Triton's interpreter on this CPU (TRITON_INTERPRET=1, set before the kernels are
 defined): the codecs at every block size, the fold for every form, stage, codec,
 reduction and mode with 1 to 8 terms, the uncoded fold of float64, integers and bool,
@@ -25,8 +25,9 @@ except ImportError as e:
                       "pip install -r requirements.txt" % e) from e
 pytestmark = NUMPY_WARNINGS
 
-from pycomm import _C, hooks, triton_kernels  # noqa: E402
-from pycomm.triton_kernels import Form, Stage  # noqa: E402
+from pycomm import _C, hooks  # noqa: E402
+from pycomm.kernels import triton as triton_kernels  # noqa: E402
+from pycomm.kernels.triton import Form, Stage  # noqa: E402
 
 from _harness import group_timeout, run_world  # noqa: E402
 from _triton_compile import INEXACT_PTX, Launches, compile_sm90, skip_without_compiler  # noqa: E402
@@ -383,7 +384,7 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
     for _, stage in COMPILED_SEGMENT_STEPS:  # every segment encoded, and decoded, in one launch
         triton_kernels.fold_segments(torch.zeros(n, dtype=torch.bfloat16), slots, n, 3, block, 1, 128,
                                      torch.bfloat16, _op("PREMUL_SUM"), 3, False, "fp8_e4m3", block, stage)
-    ptxs = [ptx for _, ptx in compile_sm90({"pycomm.triton_kernels:_fold_kernel": launches})]
+    ptxs = [ptx for _, ptx in compile_sm90({"pycomm.kernels.triton:_fold_kernel": launches})]
     for case, ptx in zip(COMPILED_FOLDS + SAME_KERNEL_WORLDS + COMPILED_SEGMENT_STEPS, ptxs, strict=True):
         assert not INEXACT_PTX.search(ptx), (case, sorted(set(INEXACT_PTX.findall(ptx))))
         if case in SAME_KERNEL_WORLDS or case[1] == "AVG":
@@ -396,8 +397,8 @@ def test_compiled_stamp_kernels(monkeypatch):
     """The stamps' kernels compiled for sm_90, as write_stamp and judge_stamps launch them:
     the words as arguments, the verdict released to the host."""
     skip_without_compiler()
-    launches = {"pycomm.triton_kernels:_write_words_kernel": Launches(),
-                "pycomm.triton_kernels:_judge_kernel": Launches()}
+    launches = {"pycomm.kernels.triton:_write_words_kernel": Launches(),
+                "pycomm.kernels.triton:_judge_kernel": Launches()}
     for name, recorded in launches.items():
         monkeypatch.setattr(triton_kernels, name.split(":")[1], recorded)
     triton_kernels.write_stamp(torch.zeros(10, dtype=torch.int64), list(range(10)))

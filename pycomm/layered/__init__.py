@@ -33,7 +33,7 @@ owner of the element's segment folds it in step 3: the same bits, and no collect
 
 Over gloo, on host memory (``layered-pairwise``), the transfers of steps 2 and 4, and of
 the reduce-scatter and the all-gather, are point-to-point sends between every pair of
-ranks, all at once (``_Call.pairwise``), from and into the call's own memory where they
+ranks, all at once (``Call.pairwise``), from and into the call's own memory where they
 can: gloo's all-to-all copies this rank's own segment, and its all-gather runs its ring
 one step after another.
 
@@ -56,7 +56,7 @@ algorithm's). Levels: D0-D3 in mode 1
 
 Devices and streams: CPU tensors are folded by the CPU ops, on the calling thread, or on
 the group's lane (a thread of its own) from its first asynchronous call on, so that the
-caller overlaps the call with its own work (see call._Call.run). CUDA tensors are folded
+caller overlaps the call with its own work (see call.Call.run). CUDA tensors are folded
 by kernels enqueued on the caller's current stream, and the mover's collectives are
 waited for with ``Work.wait()``, which for NCCL makes the current stream wait, not the
 host: nothing here waits on the host, nothing is copied from it, and every buffer is
@@ -64,28 +64,25 @@ kept from one call to the next, so that a CUDA graph can capture a call made onc
 before. So on CUDA the stamps are compared on the device, and a disagreement is raised
 by the rank's next layered call on the group, or wait() of one of its works.
 
-Layout, one job per module, none importing a module listed after it:
+Layout, one job per module, none importing a module listed after it; the kernels that
+fold a call's terms, run a codec's step over every segment and write and judge stamps on
+its device come from ``pycomm.kernels``, below this package:
 
 * ``mover``      the mover's name and all-gather, which host each of its ranks is on, the
                  cost of its links.
-* ``folds``      the kernels that fold a call's terms, run a codec's step over every
-                 segment and write and judge stamps on its device, and how many terms
-                 one of their folds takes.
 * ``record``     what a rank keeps of a group's layered calls (``record_of``): counters
                  and flight recorder, the knobs (read once), options, layouts, hosts, lane.
 * ``layout``     what every call of one kind shares, made at its first call: plan,
                  kernels, stamp, segments, scratch buffers.
 * ``stamps``     the agreement (step 0): the opening all-gather and the comparison.
-* ``call``       one operation (``_Call``): its layout, the mover's collectives and
+* ``call``       one operation (``Call``): its layout, the mover's collectives and
                  pairwise sends and their failures, folds; ``LayeredWork``.
 * ``algorithms`` steps 1 to 4, the one-shot, the hierarchical all-reduce and the
                  pipeline of parts, and the entry points ``all_reduce``,
                  ``reduce_scatter_tensor`` and ``all_gather_into_tensor``.
 """
 from .algorithms import Form, Stage, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
-from .folds import PARTIAL_DTYPES, kernels_for
 from .record import record_of
 
-# What the rest of pycomm uses (the direct API and its stats, the Triton kernels).
-__all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "record_of", "kernels_for",
-           "PARTIAL_DTYPES", "Form", "Stage"]
+# What the rest of pycomm uses (the direct API and its stats).
+__all__ = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "record_of", "Form", "Stage"]

@@ -1,6 +1,6 @@
 """The layered path's algorithms over the mover, as the package's docstring states them:
 segments and their exchange, the direct and the hierarchical all-reduce in parts run as
-a pipeline, reduce-scatter and all-gather. Each entry point makes the operation's _Call
+a pipeline, reduce-scatter and all-gather. Each entry point makes the operation's Call
 and runs its steps through it. What every call of a kind shares (segments, buffers and
 the views of them) is its layout's, made at the kind's first call; a codec's step runs
 over every segment at once (fold_segments: one kernel launch on a device). A one-shot
@@ -13,8 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .call import _Call
-from .folds import PARTIAL_DTYPES
+from .call import Call
 from .layout import ONESHOT, PAIRWISE, STAMP_BYTES, slot
 from .mover import _ALL_GATHER
 from .stamps import opening
@@ -143,7 +142,7 @@ def _pipelined(parts):
 
 def all_reduce(tensor, op, group, algorithm, compression, deterministic, async_op):
     flat = _dense(tensor)
-    call = _Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), algorithm, compression,
+    call = Call("allreduce", group, flat, op, flat.numel() * flat.element_size(), algorithm, compression,
                  deterministic, flat.numel())
     return call.run(lambda: _all_reduce(call, tensor, flat), tensor, async_op, lambda: _stage_input(call, flat))
 
@@ -279,7 +278,7 @@ def _hierarchical_part(call, flat, shards, start, q, index):
     yield
     call.wait(moving)
     received = iter(_pieces(recv, [m * es] * (L - 1)))
-    accumulation = PARTIAL_DTYPES.get(layout.dtype, layout.dtype)
+    accumulation = _C.partial_dtypes.get(layout.dtype, layout.dtype)
     partial = call.buffer("partial", index, m * accumulation.itemsize).view(accumulation)
     call.fold(partial, [mine if l == local else next(received) for l in range(L)], [Form.Input] * L, m, Stage.Partial,
               codec="none")
@@ -339,7 +338,7 @@ def reduce_scatter_tensor(output, input, op, group, algorithm, compression, dete
     if output.dtype != input.dtype or flat_in.numel() != n * count:
         raise ValueError(f"pycomm: reduce_scatter: the input holds {flat_in.numel()} {input.dtype} elements; a group "
                          f"of {n} needs {n} x the output's {count} {output.dtype} elements")
-    call = _Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), algorithm, compression,
+    call = Call("reduce_scatter", group, flat_in, op, flat_in.numel() * flat_in.element_size(), algorithm, compression,
                  deterministic, flat_in.numel())
     return call.run(lambda: _reduce_scatter(call, output, out, flat_in), output, async_op,
                     lambda: _stage_segments(call, flat_in, count))
@@ -390,7 +389,7 @@ def all_gather_into_tensor(output, input, group, algorithm, compression, determi
     if output.dtype != input.dtype or out.numel() != n * count:
         raise ValueError(f"pycomm: allgather: the output holds {out.numel()} {output.dtype} elements; a group of "
                          f"{n} needs {n} x the input's {count} {input.dtype} elements")
-    call = _Call("allgather", group, flat_in, SUM, out.numel() * out.element_size(), algorithm, compression,
+    call = Call("allgather", group, flat_in, SUM, out.numel() * out.element_size(), algorithm, compression,
                  deterministic, flat_in.numel())
     return call.run(lambda: _all_gather(call, output, out, flat_in), output, async_op,
                     lambda: _stage_input(call, flat_in))

@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from .. import _C
 from . import stamps
-from .folds import PARTIAL_DTYPES
 from .layout import ONESHOT, _Layout
 from .mover import _ALL_GATHER
 from .record import record_of
@@ -23,7 +22,7 @@ class LayeredWork:
     """What an asynchronous layered call returns; ``get_future()`` yields ``[result]``
     like a pycomm Work's. On CUDA tensors it is complete on return (the steps were enqueued
     on the current stream); on CPU tensors once the group's lane ran the call (see
-    _Call.run), and wait() raises the call's error. On the device path wait() raises, too,
+    Call.run), and wait() raises the call's error. On the device path wait() raises, too,
     a disagreement the device found in this or an earlier call on the group (stamps.py)."""
 
     def __init__(self, future, call):
@@ -67,7 +66,7 @@ class LayeredWork:
 _PAIRWISE_TAG = 0x70634C50
 
 
-class _Call:
+class Call:
     """One layered operation: its layout, the mover's transfers with their failures
     wrapped, and its record, stats and log line. Its steps (:meth:`run`) begin with the
     ranks' agreement on it (stamps.agree)."""
@@ -219,7 +218,7 @@ class _Call:
         op, dtype, codec = self.op if op is None else op, dtype or layout.dtype, codec or layout.codec
         fold, most = layout.kernels.fold, layout.terms_per_fold
         while most and len(terms) > most:  # in slices: see terms_per_fold
-            partial = torch.empty(count, dtype=PARTIAL_DTYPES.get(dtype, dtype), device=out.device)
+            partial = torch.empty(count, dtype=_C.partial_dtypes.get(dtype, dtype), device=out.device)
             fold(partial, terms[:most], forms[:most], dtype, count, op, self.size, layout.exact, codec, layout.block,
                  _C.Stage.Partial)
             terms, forms = [partial, *terms[most:]], [_C.Form.Partial, *forms[most:]]

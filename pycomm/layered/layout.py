@@ -1,7 +1,7 @@
 """What every call of one kind on a group has in common (its layout), derived at the kind's
 first call and kept by the group's record: options, plan, kernels, stamp, the record's
 description of it, its segments and its scratch buffers. A kind is a (collective, count,
-dtype, reduction, options, device): the key of _Call. A call's own work is then what
+dtype, reduction, options, device): the key of Call. A call's own work is then what
 its tensors need: its stamp's sequence number, the mover's transfers and the folds."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import zlib
 import torch
 
 from .. import _C
-from .folds import kernels_for, terms_per_fold, triton_kernels
+from ..kernels import kernels_for, terms_per_fold, triton_kernels
 from .mover import _PAIRWISE_MOVERS
 
 # The direct algorithm with every transfer a pairwise send, and the one-shot (see the plan).

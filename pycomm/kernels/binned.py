@@ -2,7 +2,7 @@
 Triton kernels, for the accumulator's state on CUDA tensors: the contract of the ``_C``
 functions of the same names (csrc/binding/accumulator.h) and the CPU's bits, element for
 element (NaN's payload aside: every NaN's value is the positive quiet NaN). Tested on the
-CPU under ``TRITON_INTERPRET=1``. The exactness rules of pycomm.triton_kernels hold: no
+CPU under ``TRITON_INTERPRET=1``. The exactness rules of pycomm.kernels.triton hold: no
 fused multiply-add, every scaling an exact power of two, float64 division correctly
 rounded, conversions to 16-bit floats with integer bit operations.
 """
@@ -14,22 +14,26 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_kernels import _ROUND_TO_INTEGER, _TILE
-from .triton_numerics import _bf16_bits, _half_bits
+from .. import _C
+from .numerics import ROUND_TO_INTEGER, TILE, bf16_bits, half_bits
 
 _OUT_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# numerics.h kBinBits (bin b holds multiples of 2^(BIN_BITS (b - 1))) and kNoBin (the index
+# while no finite nonzero term was added).
+BIN_BITS = tl.constexpr(_C.BIN_BITS)
+NO_BIN = tl.constexpr(_C.NO_BIN)
 
 
 @triton.jit
 def _bin_unit(b):
-    """2^(32 b) as float64, exact for the bins of float32 values."""
-    return ((1023 + 32 * b).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+    """2^(BIN_BITS b) as float64, exact for the bins of float32 values."""
+    return ((b * BIN_BITS + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # b first: see triton.py's up
 
 
 @triton.jit
 def _trunc_small(q):
     """numerics.h trunc_small: q truncated toward zero, for |q| < 2^51."""
-    r = (q + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
+    r = (q + ROUND_TO_INTEGER) - ROUND_TO_INTEGER
     return r - tl.where(q >= 0, tl.where(r > q, 1.0, 0.0), tl.where(r < q, -1.0, 0.0))
 
 
@@ -53,10 +57,10 @@ def _add(index, hi, lo, x):
     """numerics.h binned_add of the float32 x: the new (index, hi, lo)."""
     a = (x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF).to(tl.int32)
     nonfinite = a >= 0x7F800000
-    b = (tl.maximum(a >> 23, 1) - 127 + 256) // 32 - 8  # bin_of_magnitude
+    b = (tl.maximum(a >> 23, 1) - 127 + 8 * BIN_BITS) // BIN_BITS - 8  # bin_of_magnitude
     to = tl.where((a != 0) & (~nonfinite) & (b > index), b, index)
     raised_hi, raised_lo = _align(index, hi, lo, to)
-    unit = tl.where(to == -128, 0, to)  # no bin yet: x is 0, and any finite unit will do
+    unit = tl.where(to == NO_BIN, 0, to)  # no bin yet: x is 0, and any finite unit will do
     v = x.to(tl.float64)
     top = _trunc_small(v * _bin_unit(-unit)) * _bin_unit(unit)
     new_hi = raised_hi + top
@@ -76,11 +80,11 @@ def _add_kernel(index, hi, lo, terms, n, EMPTY: tl.constexpr, IN_KIND: tl.conste
     else:
         x = tl.load(terms + offs, mask=mask, other=0)
     if EMPTY:
-        i = tl.full(offs.shape, -128, tl.int32)
+        i = tl.full(offs.shape, NO_BIN, tl.int32)
         h = tl.zeros(offs.shape, tl.float64)
         lo_ = tl.zeros(offs.shape, tl.float64)
     else:
-        i = tl.load(index + offs, mask=mask, other=-128).to(tl.int32)
+        i = tl.load(index + offs, mask=mask, other=NO_BIN).to(tl.int32)
         h = tl.load(hi + offs, mask=mask, other=0)
         lo_ = tl.load(lo + offs, mask=mask, other=0)
     i, h, lo_ = _add(i, h, lo_, x)
@@ -95,8 +99,8 @@ def _merge_kernel(index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY:
     added (merge_bins)."""
     offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     mask = offs < n
-    i = tl.load(index + offs, mask=mask, other=-128).to(tl.int32)
-    j = tl.load(other_index + offs, mask=mask, other=-128).to(tl.int32)
+    i = tl.load(index + offs, mask=mask, other=NO_BIN).to(tl.int32)
+    j = tl.load(other_index + offs, mask=mask, other=NO_BIN).to(tl.int32)
     to = tl.maximum(i, j)
     h, lo_ = _align(i, tl.load(hi + offs, mask=mask, other=0), tl.load(lo + offs, mask=mask, other=0), to)
     if not ALIGN_ONLY:
@@ -126,9 +130,9 @@ def _value_kernel(out, hi, lo, n, divisor_bits: tl.int64, OUT_KIND: tl.constexpr
     v = tl.where(total != total, 0x7FC00000, ((total / divisor_bits.to(tl.float64, bitcast=True)).to(tl.float32)
                                               ).to(tl.uint32, bitcast=True)).to(tl.float32, bitcast=True)
     if OUT_KIND == 1:
-        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _half_bits(v).to(tl.uint16), mask=mask)
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, half_bits(v).to(tl.uint16), mask=mask)
     elif OUT_KIND == 2:
-        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _bf16_bits(v).to(tl.uint16), mask=mask)
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, bf16_bits(v).to(tl.uint16), mask=mask)
     else:
         tl.store(out + offs, v, mask=mask)
 
@@ -153,7 +157,7 @@ def _gradient_kind(t):
 
 
 def _grid(n):
-    return (triton.cdiv(n, _TILE),)
+    return (triton.cdiv(n, TILE),)
 
 
 def add_to_bins(index, hi, lo, terms, empty=False):
@@ -169,14 +173,14 @@ def add_to_bins(index, hi, lo, terms, empty=False):
     for j, t in enumerate(terms):
         if n:
             _add_kernel[_grid(n)](index, hi, lo, t, n, EMPTY=bool(empty) and j == 0, IN_KIND=_gradient_kind(t),
-                                  TILE=_TILE, enable_fp_fusion=False)
+                                  TILE=TILE, enable_fp_fusion=False)
 
 
 def align_bins(index, hi, lo, to):
     """``_C.align_bins`` on the state's device (``to`` at least the state's indices)."""
     n = _check_state(index, hi, lo, to)
     if n:
-        _merge_kernel[_grid(n)](index, hi, lo, to, hi, lo, n, ALIGN_ONLY=True, TILE=_TILE,
+        _merge_kernel[_grid(n)](index, hi, lo, to, hi, lo, n, ALIGN_ONLY=True, TILE=TILE,
                                 enable_fp_fusion=False)
 
 
@@ -185,7 +189,7 @@ def merge_bins(index, hi, lo, other_index, other_hi, other_lo):
     n = _check_state(index, hi, lo)
     _check_state(other_index, other_hi, other_lo, index)
     if n:
-        _merge_kernel[_grid(n)](index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY=False, TILE=_TILE,
+        _merge_kernel[_grid(n)](index, hi, lo, other_index, other_hi, other_lo, n, ALIGN_ONLY=False, TILE=TILE,
                                 enable_fp_fusion=False)
 
 
@@ -199,4 +203,4 @@ def value_of_bins(out, hi, lo, divisor):
     kind = _gradient_kind(out)
     if n:
         _value_kernel[_grid(n)](out, hi, lo, n, struct.unpack("<q", struct.pack("<d", float(divisor)))[0],
-                                OUT_KIND=kind, TILE=_TILE, enable_fp_fusion=False)
+                                OUT_KIND=kind, TILE=TILE, enable_fp_fusion=False)

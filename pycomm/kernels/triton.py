@@ -34,35 +34,31 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _C
-from .layered import PARTIAL_DTYPES
-from .triton_numerics import (_CODECS, _bf16_bits, _block_amax, _block_scale, _codes, _decode, _f32, _from_bf16_bits,
-                              _from_half_bits, _half_bits, _magnitude, _quantize)
+from .. import _C
+from .numerics import (AVG, BAND, BOR, MAX, MIN, PREMUL_SUM, PRODUCT, ROUND_TO_INTEGER, SUM, TILE, bf16_bits,
+                       block_amax, block_scale, decode, f32, from_bf16_bits, from_half_bits, half_bits, magnitude_bits,
+                       quantize, saturated_codes)
 
 Form, Stage = _C.Form, _C.Stage
 
 # ---- the fold ----
 
-# Reductions, numbered as core/types.h numbers ReduceKind.
-_KINDS = {"sum": 0, "avg": 1, "product": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7, "premul_sum": 8}
-
-
 @triton.jit
 def _combine(a, b, KIND: tl.constexpr):
     """numerics.h reduce_op: NaN propagates through MIN and MAX."""
-    if KIND == 0 or KIND == 1 or KIND == 8:
+    if KIND == SUM or KIND == AVG or KIND == PREMUL_SUM:
         return a + b
-    elif KIND == 2:
+    elif KIND == PRODUCT:
         return a * b
-    elif KIND == 3:
+    elif KIND == MIN:
         r = tl.where(b < a, b, a)
         return tl.where(a != a, a, tl.where(b != b, b, r))
-    elif KIND == 4:
+    elif KIND == MAX:
         r = tl.where(a < b, b, a)
         return tl.where(a != a, a, tl.where(b != b, b, r))
-    elif KIND == 5:
+    elif KIND == BAND:
         return a & b
-    elif KIND == 6:
+    elif KIND == BOR:
         return a | b
     else:
         return a ^ b
@@ -73,10 +69,10 @@ def _load_storage(ptr, offs, mask, STORAGE: tl.constexpr, ACC: tl.constexpr):
     """Values in the storage format (STORAGE as _store_final numbers it) widened to ACC;
     16-bit floats through their bits, subnormals kept."""
     if STORAGE == 1:
-        return _from_half_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
+        return from_half_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
                                        other=0).to(tl.uint32))
     elif STORAGE == 2:
-        return _from_bf16_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
+        return from_bf16_bits(tl.load(ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, mask=mask,
                                        other=0).to(tl.uint32))
     else:
         return tl.load(ptr + offs, mask=mask, other=0).to(ACC)
@@ -92,10 +88,10 @@ def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.
     a codec it is quantized), partial values as they are, encoded values decoded."""
     if form == 0:  # Input
         x = _load_storage(term, offs, mask, STORAGE, ACC)
-        if KIND == 8:
+        if KIND == PREMUL_SUM:
             x = x * premul.to(ACC)
         if CODEC != 0 and QUANTIZE:
-            x = _quantize(x, mask, CODEC)
+            x = quantize(x, mask, CODEC)
         return x
     elif form == 1:  # Partial
         return tl.load(term + offs, mask=mask, other=0).to(ACC)
@@ -105,10 +101,13 @@ def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.
         code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
         codes = tl.load((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
                         mask=mask, other=0)
-        return _decode(codes.to(tl.uint32), CODEC) * scale
+        return decode(codes.to(tl.uint32), CODEC) * scale
 
 
-_ROUND_TO_INTEGER = tl.constexpr(6755399441055744.0)  # 1.5 * 2^52 (numerics.h kRoundToInteger)
+# numerics.h kExactFracBits and kExactFracBits64: exact mode's grid is 2^(E - FRAC_BITS)
+# for float accumulation, 2^(E - FRAC_BITS64) for float64, E the exponent of the largest term.
+FRAC_BITS = tl.constexpr(_C.EXACT_FRAC_BITS)
+FRAC_BITS64 = tl.constexpr(_C.EXACT_FRAC_BITS64)
 
 
 @triton.jit
@@ -125,7 +124,7 @@ def _magnitude_of(v, ACC: tl.constexpr):
     if ACC == tl.float64:
         return v.to(tl.int64, bitcast=True) & 0x7FFFFFFFFFFFFFFF
     else:
-        return _magnitude(v)
+        return magnitude_bits(v)
 
 
 @triton.jit
@@ -159,7 +158,7 @@ def _nonfinite_sum(seen, ACC: tl.constexpr):
         bits = tl.where(nan, 0x7FF8000000000000, tl.where((seen & 2) != 0, 0x7FF0000000000000, -0x10000000000000))
         return bits.to(tl.int64).to(tl.float64, bitcast=True)
     else:
-        return _f32(tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32))
+        return f32(tl.where(nan, 0x7FC00000, tl.where((seen & 2) != 0, 0x7F800000, 0xFF800000)).to(tl.uint32))
 
 
 @triton.jit
@@ -172,15 +171,17 @@ def _exact_sum(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr, b
     amax = _largest_magnitude(runs, strides, counts, FORMS, RUNS, blocks, offs, mask, n, premul, tl.float32, STORAGE,
                               KIND, CODEC, QUANTIZE, ROWS, BLOCK, CODE_BYTES)
     e = (tl.maximum(amax >> 23, 1) - 126).to(tl.int64)
-    up = ((1023 + 36 - e) << 52).to(tl.float64, bitcast=True)
-    down = ((1023 - 36 + e) << 52).to(tl.float64, bitcast=True)
+    # A tensor on the left of each operation with a global constant: the interpreter's
+    # constexpr does not take a tensor on its right.
+    up = ((-e + (1023 + FRAC_BITS)) << 52).to(tl.float64, bitcast=True)
+    down = ((e + (1023 - FRAC_BITS)) << 52).to(tl.float64, bitcast=True)
     total = tl.zeros([ROWS, BLOCK], tl.float64)
     seen = tl.zeros([ROWS, BLOCK], tl.int32)
     for r in tl.static_range(RUNS):
         for j in range(counts[r]):
             v = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, tl.float32,
                            STORAGE, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
-            total += (v.to(tl.float64) * up + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER
+            total += (v.to(tl.float64) * up + ROUND_TO_INTEGER) - ROUND_TO_INTEGER
             seen |= _nonfinite_kind(v, tl.float32)
     return tl.where(amax >= 0x7F800000, _nonfinite_sum(seen, tl.float32), (total * down).to(tl.float32))
 
@@ -225,8 +226,8 @@ def _exact_sum64(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr,
                            KIND, 0, False, BLOCK, 1)
             kind = _nonfinite_kind(v, tl.float64)
             seen |= kind
-            q = _scaled(tl.where(kind == 0, v, 0.0), 110 - exponent)  # |q| < 2^110
-            q = tl.where(tl.abs(q) < 4503599627370496.0, (q + _ROUND_TO_INTEGER) - _ROUND_TO_INTEGER, q)
+            q = _scaled(tl.where(kind == 0, v, 0.0), -exponent + FRAC_BITS64)  # |q| < 2^FRAC_BITS64
+            q = tl.where(tl.abs(q) < 4503599627370496.0, (q + ROUND_TO_INTEGER) - ROUND_TO_INTEGER, q)
             # |q| as two words: its bits below 2^64 are some of its 53 (exact), then negated.
             magnitude = tl.abs(q)
             q_high = tl.floor(magnitude * 5.421010862427522e-20)  # |q| / 2^64, rounded down: exact
@@ -245,7 +246,7 @@ def _exact_sum64(runs, strides, counts, FORMS: tl.constexpr, RUNS: tl.constexpr,
     top = (mag_high << (64 - shift).to(tl.uint64)) | (mag_low >> shift.to(tl.uint64))
     sticky = ((mag_low & ((tl.full(shift.shape, 1, tl.uint64) << shift.to(tl.uint64)) - 1)) != 0).to(tl.uint64)
     magnitude = tl.where(mag_high == 0, mag_low.to(tl.float64), _scaled((top | sticky).to(tl.float64), shift))
-    total = _scaled(tl.where(negative, -magnitude, magnitude), exponent - 110)
+    total = _scaled(tl.where(negative, -magnitude, magnitude), exponent - FRAC_BITS64)
     return tl.where(amax >= 0x7FF0000000000000, _nonfinite_sum(seen, tl.float64), total)
 
 
@@ -254,9 +255,9 @@ def _store_final(out, offs, mask, v, OUT_KIND: tl.constexpr):
     """v (the accumulation type) rounded once to the storage type: 0 as-is, 1 float16,
     2 bfloat16, 3 bool."""
     if OUT_KIND == 1:
-        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _half_bits(v).to(tl.uint16), mask=mask)
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, half_bits(v).to(tl.uint16), mask=mask)
     elif OUT_KIND == 2:
-        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, _bf16_bits(v).to(tl.uint16), mask=mask)
+        tl.store(out.to(tl.pointer_type(tl.uint16), bitcast=True) + offs, bf16_bits(v).to(tl.uint16), mask=mask)
     elif OUT_KIND == 3:
         tl.store(out.to(tl.pointer_type(tl.uint8), bitcast=True) + offs, (v != 0).to(tl.uint8), mask=mask)
     else:
@@ -271,14 +272,14 @@ _SCALARS = ["premul_bits", "world_size", "counts", "strides", "parts", "unit", "
 def _store_encoded(out, blocks, mask, n, acc, CODEC: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
     """The tile's values encoded, block b at b * (4 + BLOCK * CODE_BYTES) bytes of out:
     [fp32 scale][codes], the scale of each block's largest magnitude."""
-    amax = _block_amax(acc, mask)
-    scale = _block_scale(amax, CODEC)
-    codes = _codes(acc, amax, scale, CODEC)
+    amax = block_amax(acc, mask)
+    scale = block_scale(amax, CODEC)
+    coded = saturated_codes(acc, amax, scale, CODEC)
     base = out.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
     tl.store(base.to(tl.pointer_type(tl.float32), bitcast=True), scale, mask=blocks * BLOCK < n)
     code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
     tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
-             codes.to(code_type), mask=mask)
+             coded.to(code_type), mask=mask)
 
 
 @triton.jit(do_not_specialize=_SCALARS)
@@ -338,7 +339,7 @@ def _fold_kernel(out, runs, strides, counts, n, parts, unit, skip, slot_bytes, p
                 term = _load_term(_run_term(runs, strides, r, j), FORMS[r], blocks, offs, mask, n, premul, ACC,
                                   OUT_KIND, KIND, CODEC, QUANTIZE, BLOCK, CODE_BYTES)
                 acc = _combine(acc, term, KIND)
-    if KIND == 1 and (STAGE == 1 or STAGE == 3):
+    if KIND == AVG and (STAGE == 1 or STAGE == 3):
         if ACC == tl.float32:
             acc = tl.div_rn(acc, world_size.to(ACC))
         elif FLOATING:
@@ -375,20 +376,18 @@ def _error_feedback_kernel(buf, residual, n, HAS_RESIDUAL: tl.constexpr, OUT_KIN
         g = g + tl.load(residual + offs, mask=mask, other=0)
     _store_final(buf, offs, mask, g, OUT_KIND)
     if OUT_KIND == 1:
-        stored = _from_half_bits(_half_bits(g))
+        stored = from_half_bits(half_bits(g))
     elif OUT_KIND == 2:
-        stored = _from_bf16_bits(_bf16_bits(g))
+        stored = from_bf16_bits(bf16_bits(g))
     else:
         stored = g
-    r = g - _quantize(stored, mask, CODEC)
-    tl.store(residual + offs, tl.where(_magnitude(r) < 0x7F800000, r, 0.0), mask=mask)
+    r = g - quantize(stored, mask, CODEC)
+    tl.store(residual + offs, tl.where(magnitude_bits(r) < 0x7F800000, r, 0.0), mask=mask)
 
 
 # ---- the host side: _C.fold's contract ----
 
 _OUT_KINDS = {torch.float16: 1, torch.bfloat16: 2, torch.bool: 3}
-# Elements per program: ROWS codec blocks of BLOCK elements (one row of 1024 uncoded).
-_TILE = 1024
 
 
 def _typed(t, dtype):
@@ -421,7 +420,9 @@ def _launch(out, terms, forms, dtype, count, segments, op, world_size, exact, co
     """A launch of _fold_kernel: ``terms`` folded into ``out``, over ``count`` elements
     cut in segments (parts, unit, skip, slot_bytes), one program column per segment."""
     kind, premul = _C.reduction(op, dtype)
-    acc = PARTIAL_DTYPES.get(dtype, dtype)
+    if codec not in _C.codec_numbers:
+        raise ValueError(f"pycomm: unknown codec {codec!r} (one of {', '.join(_C.codec_numbers)})")
+    acc = _C.partial_dtypes.get(dtype, dtype)
     coded = codec != "none"
     exact = bool(exact) and kind in ("sum", "avg", "premul_sum") and dtype.is_floating_point
     if coded and acc != torch.float32:
@@ -431,8 +432,8 @@ def _launch(out, terms, forms, dtype, count, segments, op, world_size, exact, co
     memory = {torch.bool: torch.uint8}
     in_form = {Form.Input: memory.get(dtype, dtype), Form.Partial: acc, Form.Encoded: torch.uint8}
     out_form = {Stage.Partial: acc, Stage.Final: memory.get(dtype, dtype)}.get(stage, torch.uint8)
-    width = block if coded else _TILE
-    rows = _TILE // width
+    width = block if coded else TILE
+    rows = TILE // width
     parts, unit = segments[:2]
     units = -(-count // unit)
     longest = min(count, -(-units // parts) * unit)  # segment 0's elements, the most of any
@@ -440,10 +441,10 @@ def _launch(out, terms, forms, dtype, count, segments, op, world_size, exact, co
     (_fold_kernel_of_one if count == 1 else _fold_kernel)[(triton.cdiv(longest, rows * width), parts)](
         _typed(out, out_form), tuple(r[0] for r in runs), tuple(r[2] for r in runs), tuple(r[3] for r in runs),
         count, *segments, struct.unpack("<q", struct.pack("<d", premul))[0], world_size,
-        FORMS=tuple(int(r[1]) for r in runs), RUNS=len(runs), KIND=_KINDS[kind], STAGE=int(stage),
-        CODEC=_CODECS.get(codec, 0), EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
+        FORMS=tuple(int(r[1]) for r in runs), RUNS=len(runs), KIND=_C.reduce_kinds[kind], STAGE=int(stage),
+        CODEC=_C.codec_numbers[codec], EXACT=exact, QUANTIZE=not (len(terms) == 1 and stage == Stage.Encoded),
         ACC=_TL_TYPES[acc], FLOATING=acc.is_floating_point, OUT_KIND=_OUT_KINDS.get(dtype, 0),
-        SEGMENTS=parts > 1 or segments[2] >= 0, ROWS=rows, BLOCK=width, CODE_BYTES=1 if codec.startswith("fp8") else 2,
+        SEGMENTS=parts > 1 or segments[2] >= 0, ROWS=rows, BLOCK=width, CODE_BYTES=_C.code_bytes.get(codec, 2),
         enable_fp_fusion=False)
 
 
@@ -478,8 +479,8 @@ def write_stamp(dst, words):
     _write_words_kernel[(1,)](dst, tuple(words), COUNT=len(words))
 
 
-# judge_stamps scans the rows this many at a time; a stamp holds at most _STAMP_WIDTH words.
-_JUDGE_ROWS, _STAMP_WIDTH = 64, 16
+# judge_stamps scans the rows this many at a time.
+_JUDGE_ROWS = 64
 _NOT_FOUND = 1 << 62
 
 
@@ -513,7 +514,7 @@ def _judge_kernel(rows, count, row_stride, mine, skip, verdict, WORDS: tl.conste
 def judge_stamps(rows, mine, skip, verdict):
     """``pycomm._C.judge_stamps``, one launch."""
     _judge_kernel[(1,)](rows, rows.shape[0], rows.stride(0), mine, skip, verdict, WORDS=mine.numel(),
-                        ROWS=_JUDGE_ROWS, WIDTH=_STAMP_WIDTH, VERDICT=_C.VERDICT_WORDS, NOT_FOUND=_NOT_FOUND)
+                        ROWS=_JUDGE_ROWS, WIDTH=_C.MAX_STAMP_WORDS, VERDICT=_C.VERDICT_WORDS, NOT_FOUND=_NOT_FOUND)
 
 
 _TL_TYPES = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int8: tl.int8, torch.uint8: tl.uint8,
@@ -528,11 +529,11 @@ def error_feedback(buf, residual, codec, block):
     _check_block(block)
     state = (torch.empty(buf.numel(), dtype=torch.float32, device=buf.device) if residual is None
              else residual.to(torch.float32).reshape(-1).clone())
-    rows = _TILE // block
+    rows = TILE // block
     if buf.numel():
         _error_feedback_kernel[(triton.cdiv(buf.numel(), rows * block),)](
             buf, state, buf.numel(), HAS_RESIDUAL=residual is not None, OUT_KIND=_OUT_KINDS.get(buf.dtype, 0),
-            CODEC=_CODECS[codec], ROWS=rows, BLOCK=block, enable_fp_fusion=False)
+            CODEC=_C.codec_numbers[codec], ROWS=rows, BLOCK=block, enable_fp_fusion=False)
     return state
 
 
