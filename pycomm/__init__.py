@@ -14,13 +14,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _C, kernels, layered
+from . import _C, direct, kernels, layered
+from .direct import ReduceOp, all_gather_into_tensor, all_reduce, reduce_scatter_tensor
 
 __all__ = ["ProcessGroupPycomm", "Options", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "knobs",
            "ReduceOp", "stats", "flight_recorder", "dump_flight_recorder",
            "CODECS", "encode", "decode", "quantize", "compression_error", "exact_data_parallel"]
 
-ReduceOp = dist.ReduceOp
 BACKEND_NAME = "pycomm"
 
 
@@ -129,75 +129,12 @@ def knobs():
     return [tuple(k) for k in _C.knobs()]
 
 
-def _group_of(group):
-    pg = group if group is not None else dist.GroupMember.WORLD
-    return pg if pg is not None else dist.distributed_c10d._get_default_group()  # raises torch's "not initialized"
-
-
-def _pycomm_backend(group, device):
-    """The group's pycomm backend for ``device``, or None where another backend serves it
-    (the collectives then take the layered path, that backend moving the bytes)."""
-    backend = group._get_backend(torch.device(device))
-    return backend if isinstance(backend, _C.ProcessGroupPycomm) else None
-
-
-def _options(algorithm, compression, deterministic):
-    if deterministic is None:
-        det = ""
-    elif deterministic is True:
-        det = "1"
-    elif deterministic is False:
-        det = "0"
-    else:
-        det = str(deterministic)
-    return (algorithm or "", compression or "", det)
-
-
-# The direct API. Each call is one call into _C, which runs it on the group's pycomm
-# backend (small blocking calls on this thread, without a Work) and returns None when
-# blocking, the Work when not; or NotImplemented where the group's backend for the
-# tensors' device is another one, which then moves the bytes of pycomm's layered path.
-
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, *, algorithm=None, compression=None,
-               deterministic=None, async_op=False):
-    """In-place all-reduce of ``tensor`` like ``dist.all_reduce``, with per-call options:
-    ``algorithm`` (auto|ring|...), ``compression`` (none|fp16|...), ``deterministic``
-    (False|True|"exact"); None takes the group's setting from the environment."""
-    group = _group_of(group)
-    work = _C.all_reduce(group, tensor, op, algorithm, compression, deterministic, async_op)
-    if work is NotImplemented:
-        return layered.all_reduce(tensor, op, group, *_options(algorithm, compression, deterministic), async_op)
-    return work
-
-
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, *, algorithm=None,
-                          compression=None, deterministic=None, async_op=False):
-    """Like ``dist.reduce_scatter_tensor``, with the per-call options of :func:`all_reduce`."""
-    group = _group_of(group)
-    work = _C.reduce_scatter_tensor(group, output, input, op, algorithm, compression, deterministic, async_op)
-    if work is NotImplemented:
-        return layered.reduce_scatter_tensor(output, input, op, group, *_options(algorithm, compression, deterministic),
-                                             async_op)
-    return work
-
-
-def all_gather_into_tensor(output, input, group=None, *, algorithm=None, compression=None,
-                           deterministic=None, async_op=False):
-    """Like ``dist.all_gather_into_tensor``, with the per-call options of :func:`all_reduce`."""
-    group = _group_of(group)
-    work = _C.all_gather_into_tensor(group, output, input, algorithm, compression, deterministic, async_op)
-    if work is NotImplemented:
-        return layered.all_gather_into_tensor(output, input, group, *_options(algorithm, compression, deterministic),
-                                              async_op)
-    return work
-
-
 # ---- observability ----
 
 def _host_backend(group):
     """The group's pycomm backend (which serves every device of a pycomm group), or None."""
     try:
-        return _pycomm_backend(group, "cpu")
+        return direct.pycomm_backend(group, "cpu")
     except RuntimeError:  # the group has no backend for the host: not pycomm's
         return None
 
@@ -205,7 +142,7 @@ def _host_backend(group):
 def _recorder(group):
     """What records the group's operations: its pycomm backend, or over a group of another
     backend the record of the layered operations on it."""
-    group = _group_of(group)
+    group = direct.group_of(group)
     backend = _host_backend(group)
     return backend if backend is not None else layered.record_of(group).recorder
 
@@ -220,7 +157,7 @@ def stats(group=None):
     algorithms such as ``"layered-direct"`` and ``"layered-pairwise"``, timed from the call's
     start to its end; on CUDA tensors, to the end of enqueueing them), with ``"mover"``
     naming that backend."""
-    group = _group_of(group)
+    group = direct.group_of(group)
     backend = _host_backend(group)
     return json.loads(backend._stats_json()) if backend is not None else layered.record_of(group).stats()
 

@@ -50,9 +50,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _FSDPReduceScatter
 
-import pycomm
-
-from . import _C
+from . import _C, direct
 from .kernels import binned_ops
 
 __all__ = ["ExactDataParallel"]
@@ -93,8 +91,8 @@ class ExactDataParallel:
         if isinstance(module, torch.nn.parallel.DistributedDataParallel):
             raise ValueError("pycomm.exact_data_parallel replaces DistributedDataParallel's gradient reduction: "
                              "pass the module itself (ddp.module), not the DDP wrapper")
-        if compression is not None and compression not in pycomm.CODECS:
-            raise ValueError(f"pycomm.exact_data_parallel: compression={compression!r}; one of {pycomm.CODECS}")
+        if compression is not None and compression not in _C.codecs:
+            raise ValueError(f"pycomm.exact_data_parallel: compression={compression!r}; one of {_C.codecs}")
         self.module, self.group = module, group
         self.average, self.compression = average, compression
         self._finishing = False
@@ -233,7 +231,7 @@ class ExactDataParallel:
             n = self._slices[-1].stop if self._slices else 0
             values = torch.empty(n, dtype=torch.float32, device=self._hi.device)
             self._ops.value_of_bins(values, self._hi[:n], self._lo[:n], 1.0)
-            pycomm.all_reduce(values, dist.ReduceOp.SUM, self.group, compression=self.compression,
+            direct.all_reduce(values, dist.ReduceOp.SUM, self.group, compression=self.compression,
                               deterministic="exact")
             if self.average and total:
                 values /= total
@@ -270,28 +268,28 @@ def _unshared(tensor):
 
 def _on_pycomm(group, device):
     group = group if group is not None else dist.distributed_c10d._get_default_group()
-    return pycomm._pycomm_backend(group, device) is not None
+    return direct.pycomm_backend(group, device) is not None
 
 
 # Collectives that only move bytes or add exactly: pycomm's, uncompressed, on a pycomm
 # group (whatever PYCOMM_COMPRESSION says); the group's own backend otherwise.
 def _exact_all_reduce(tensor, op, group):
     if _on_pycomm(group, tensor.device):
-        pycomm.all_reduce(tensor, op, group, compression="none")
+        direct.all_reduce(tensor, op, group, compression="none")
     else:
         dist.all_reduce(tensor, op, group=group)
 
 
 def _exact_all_gather(output, input, group):
     if _on_pycomm(group, input.device):
-        pycomm.all_gather_into_tensor(output, input, group, compression="none")
+        direct.all_gather_into_tensor(output, input, group, compression="none")
     else:
         dist.all_gather_into_tensor(output, input, group=group)
 
 
 def _exact_reduce_scatter(output, input, group):
     if _on_pycomm(group, input.device):
-        pycomm.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group, compression="none")
+        direct.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group, compression="none")
     else:
         dist.reduce_scatter_tensor(output, input, dist.ReduceOp.SUM, group=group)
 
