@@ -181,8 +181,15 @@ sanitize: $(foreach f,$(SAN_FLAVOURS),$($(f)_TESTS))
 # Layers of csrc/, lowest first: a file includes headers of its own layer and of those
 # below it, never above (tests/check_layers.py).
 LAYERS := core device transport algorithms runtime cuda binding
+# Layers of pycomm/, lowest first, likewise for imports (at the top of a file or in a
+# function), and no import cycle: the extension and the launcher of local worlds; the
+# kernels and which of them serves a device; the layered path; the direct API; the exact
+# gradient accumulator (pycomm.exact_data_parallel returns it); the package's API
+# (pycomm/__init__.py); what is built on that API (DDP hooks, FSDP2's reduce-scatter);
+# the benchmark. Modules of one layer are joined by commas.
+PY_LAYERS := _C,_launch kernels layered direct data_parallel __init__ fsdp,hooks bench
 layer-check:
-	@$(PYTHON) tests/check_layers.py $(LAYERS)
+	@$(PYTHON) tests/check_layers.py --cpp $(LAYERS) --python $(PY_LAYERS)
 
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
 # PYTEST_WORKERS processes run the tests (pytest-xdist), longest first from the timings in
