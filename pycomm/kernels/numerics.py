@@ -117,29 +117,38 @@ def _encode(v, CODEC: tl.constexpr):
     elif CODEC == BF16:
         return bf16_bits(v)
     else:
-        E: tl.constexpr = 4 if CODEC == FP8_E4M3 else 5
-        M: tl.constexpr = 3 if CODEC == FP8_E4M3 else 2
-        INF: tl.constexpr = 0x7E if CODEC == FP8_E4M3 else 0x7C
-        x = _f32_bits(v)
-        ax = x & 0x7FFFFFFF
-        finite = _fp8_bits_from_finite(v, E, M)
-        inf = ((x >> 24) & 0x80) | INF
-        return tl.where(ax > 0x7F800000, 0x7F, tl.where(ax == 0x7F800000, inf, finite)).to(tl.uint32)
+        return _fp8(v, True, CODEC)
 
 
 @triton.jit
 def decode(c, CODEC: tl.constexpr):
+    """The value of a code (widened to uint32), before its block's scale."""
     if CODEC == FP16:
         return from_half_bits(c)
     elif CODEC == BF16:
         return from_bf16_bits(c)
     else:
-        E: tl.constexpr = 4 if CODEC == FP8_E4M3 else 5
-        M: tl.constexpr = 3 if CODEC == FP8_E4M3 else 2
-        INF: tl.constexpr = 0x7E if CODEC == FP8_E4M3 else 0x7C
-        sign = (c & 0x80) << 24
-        finite = _f32_bits(_from_fp8_finite(c, E, M))
-        em = c & 0x7F
+        return _fp8(c, False, CODEC)
+
+
+@triton.jit
+def _fp8(x, ENCODE: tl.constexpr, CODEC: tl.constexpr):
+    """CODEC's fp8 format, its parameters stated once (E exponent and M mantissa bits, INF
+    the code of +infinity, 0x7F every NaN's): the code of the scaled value x where ENCODE,
+    widened to uint32, else the value of the code x."""
+    E: tl.constexpr = 4 if CODEC == FP8_E4M3 else 5
+    M: tl.constexpr = 3 if CODEC == FP8_E4M3 else 2
+    INF: tl.constexpr = 0x7E if CODEC == FP8_E4M3 else 0x7C
+    if ENCODE:
+        bits = _f32_bits(x)
+        ax = bits & 0x7FFFFFFF
+        finite = _fp8_bits_from_finite(x, E, M)
+        inf = ((bits >> 24) & 0x80) | INF
+        return tl.where(ax > 0x7F800000, 0x7F, tl.where(ax == 0x7F800000, inf, finite)).to(tl.uint32)
+    else:
+        sign = (x & 0x80) << 24
+        finite = _f32_bits(_from_fp8_finite(x, E, M))
+        em = x & 0x7F
         return f32(tl.where(em > INF, 0x7FC00000, tl.where(em == INF, sign | 0x7F800000, finite)))
 
 
