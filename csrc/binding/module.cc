@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "core/config.h"
+#include "core/dispatch.h"
 #include "core/numerics.h"
 #include "binding/accumulator.h"
 #include "binding/backend.h"
@@ -256,10 +257,17 @@ PYBIND11_MODULE(_C, m) {
   // definitions: Python restates none of them.
   m.attr("reduce_kinds") = numbered<pycomm::ReduceKind>();  // {"sum": 0, ...}: core/types.h ReduceKind
   m.attr("codec_numbers") = numbered<pycomm::Compression>();  // {"none": 0, "fp16": 1, ...}: Compression
-  py::dict code_bytes;  // {codec: bytes of one code} (core/types.h code_size)
-  for (const auto& [c, name] : pycomm::table_of<pycomm::Compression>().entries)
-    if (c != pycomm::Compression::None) code_bytes[py::str(name)] = pycomm::code_size(c);
+  // {codec: bytes of one code} (core/types.h code_size); {codec: its code's kTarget, the
+  // largest magnitude a scaled finite value may have} (core/numerics.h).
+  py::dict code_bytes, codec_targets;
+  for (const auto& [c, name] : pycomm::table_of<pycomm::Compression>().entries) {
+    if (c == pycomm::Compression::None) continue;
+    code_bytes[py::str(name)] = pycomm::code_size(c);
+    codec_targets[py::str(name)] = pycomm::dispatch_codec(
+        c, [](auto tag) { return static_cast<double>(decltype(tag)::type::kTarget); });
+  }
   m.attr("code_bytes") = code_bytes;
+  m.attr("codec_targets") = codec_targets;
   m.attr("partial_dtypes") = partial_dtypes();
   // core/numerics.h: exact mode's grids and the binned sums' bins.
   m.attr("ROUND_TO_INTEGER") = pycomm::kRoundToInteger;

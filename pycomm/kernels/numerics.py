@@ -6,6 +6,8 @@ CPU ops quantize them. Also the numbers the kernels share with the C++ code, rea
 ``pycomm._C``, which exports them from its own definitions."""
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -18,6 +20,12 @@ SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = (
                                                       "premul_sum"))
 NO_CODEC, FP16, BF16, FP8_E4M3, FP8_E5M2 = (
     tl.constexpr(_C.codec_numbers[name]) for name in ("none", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"))
+# Each codec's target (numerics.h kTarget: the largest magnitude a scaled finite value may
+# have) and its exponent (the target is m * 2^exponent, m in [1, 2)).
+FP16_TARGET, BF16_TARGET, E4M3_TARGET, E5M2_TARGET = (
+    tl.constexpr(_C.codec_targets[name]) for name in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2"))
+FP16_EXPONENT, BF16_EXPONENT, E4M3_EXPONENT, E5M2_EXPONENT = (
+    tl.constexpr(math.frexp(target.value)[1] - 1) for target in (FP16_TARGET, BF16_TARGET, E4M3_TARGET, E5M2_TARGET))
 # numerics.h kRoundToInteger (1.5 * 2^52): x + it - it rounds a double below 2^51 to an integer.
 ROUND_TO_INTEGER = tl.constexpr(_C.ROUND_TO_INTEGER)
 # Elements per program of the fold and the binned sums: ROWS codec blocks of BLOCK elements
@@ -96,16 +104,15 @@ def _from_fp8_finite(c, E: tl.constexpr, M: tl.constexpr):
 
 @triton.jit
 def _code_target(CODEC: tl.constexpr):
-    """The codec's target (the largest magnitude a scaled finite value may have: numerics.h
-    kTarget), and its exponent (the target is m * 2^t, m in [1, 2))."""
+    """The codec's target and its exponent (the constants above)."""
     if CODEC == FP16:
-        return 65504.0, 15
+        return FP16_TARGET, FP16_EXPONENT
     elif CODEC == BF16:
-        return 3.4028234663852886e38, 127
+        return BF16_TARGET, BF16_EXPONENT
     elif CODEC == FP8_E4M3:
-        return 416.0, 8
+        return E4M3_TARGET, E4M3_EXPONENT
     else:
-        return 57344.0, 15
+        return E5M2_TARGET, E5M2_EXPONENT
 
 
 @triton.jit
