@@ -42,8 +42,9 @@ ReduceSpec codec_spec(at::ScalarType dtype, const std::string& codec, int64_t bl
                         spec.dtype == DataType::BFloat16,
                     "pycomm: codecs apply to float32, float16 and bfloat16 tensors, not ", dtype);
   TORCH_CHECK_VALUE(spec.codec != Compression::None, "pycomm: codec 'none' has no encoding");
-  TORCH_CHECK_VALUE(block >= 16 && block <= 1024 && (block & (block - 1)) == 0,
-                    "pycomm: block must be a power of two from 16 to 1024, not ", block);
+  TORCH_CHECK_VALUE(block >= kMinCompressionBlock && block <= kMaxCompressionBlock && (block & (block - 1)) == 0,
+                    "pycomm: block must be a power of two from ", kMinCompressionBlock, " to ", kMaxCompressionBlock,
+                    ", not ", block);
   spec.block = static_cast<size_t>(block);
   return spec;
 }

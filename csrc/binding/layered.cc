@@ -158,8 +158,8 @@ ReduceSpec spec_of(at::ScalarType dtype, const c10d::ReduceOp& op, int64_t world
   spec.exact = exact;
   spec.block = static_cast<size_t>(block);
   const bool coded = spec.codec != Compression::None;
-  TORCH_CHECK_VALUE(!coded || (block >= 16 && (block & (block - 1)) == 0), "pycomm: fold: block ", block,
-                    " is not a power of two of at least 16");
+  TORCH_CHECK_VALUE(!coded || (block >= kMinCompressionBlock && (block & (block - 1)) == 0), "pycomm: fold: block ",
+                    block, " is not a power of two of at least ", kMinCompressionBlock);
   TORCH_CHECK_VALUE(coded || form_of(stage) != Form::Encoded, "pycomm: fold: an encoded stage needs a codec");
   return spec;
 }

@@ -277,6 +277,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("NO_BIN") = static_cast<int>(pycomm::kNoBin);
   // runtime/device_runtime.h: the most words a layered stamp holds (judge_stamps).
   m.attr("MAX_STAMP_WORDS") = pycomm::kMaxStampWords;
+  // core/config.h: the range of a codec's block (a power of two).
+  m.attr("MIN_COMPRESSION_BLOCK") = pycomm::kMinCompressionBlock;
+  m.attr("MAX_COMPRESSION_BLOCK") = pycomm::kMaxCompressionBlock;
 #if defined(PYCOMM_WITH_CUDA)
   // cuda/reduce_kernels.h: the most terms one launch of pycomm's CUDA kernels folds.
   m.attr("CUDA_FOLD_TERMS") = pycomm::kMaxDeviceTerms;

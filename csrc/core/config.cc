@@ -150,7 +150,7 @@ const std::vector<Knob>& knobs() {
       {"PYCOMM_COMPRESSION_BLOCK", "256",
        "Elements per fp32 scale of the compression codecs (bf16 keeps the scale 1): a power of two, 16 to 1024.",
        kPerRank, [](Config& c, const Setting& s) {
-         c.compression_block = c.defaults.compression_block = power_of_two(s, 16, 1024);
+         c.compression_block = c.defaults.compression_block = power_of_two(s, kMinCompressionBlock, kMaxCompressionBlock);
          return std::to_string(c.compression_block);
        }},
       {"PYCOMM_DETERMINISTIC", "0",

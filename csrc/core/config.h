@@ -16,6 +16,11 @@
 
 namespace pycomm {
 
+// Elements per fp32 scale of the compression codecs (PYCOMM_COMPRESSION_BLOCK, the block
+// of pycomm.encode and the like): a power of two in this range.
+constexpr long long kMinCompressionBlock = 16;
+constexpr long long kMaxCompressionBlock = 1024;
+
 struct Config;
 
 // A knob's value as the environment gives it (or its default).

@@ -29,8 +29,8 @@ FP16_EXPONENT, BF16_EXPONENT, E4M3_EXPONENT, E5M2_EXPONENT = (
 # numerics.h kRoundToInteger (1.5 * 2^52): x + it - it rounds a double below 2^51 to an integer.
 ROUND_TO_INTEGER = tl.constexpr(_C.ROUND_TO_INTEGER)
 # Elements per program of the fold and the binned sums: ROWS codec blocks of BLOCK elements
-# (one row of TILE uncoded), at least the largest block the codecs take.
-TILE = 1024
+# (one row of TILE uncoded), the largest block the codecs take (core/config.h).
+TILE = _C.MAX_COMPRESSION_BLOCK
 
 @triton.jit
 def _f32_bits(v):

@@ -538,5 +538,7 @@ def error_feedback(buf, residual, codec, block):
 
 
 def _check_block(block):
-    if not (16 <= block <= 1024 and block & (block - 1) == 0):
-        raise ValueError(f"pycomm: block must be a power of two from 16 to 1024, not {block}")
+    """The check of pycomm.encode's block (csrc/binding/codecs.cc), with its message."""
+    low, high = _C.MIN_COMPRESSION_BLOCK, _C.MAX_COMPRESSION_BLOCK
+    if not (low <= block <= high and block & (block - 1) == 0):
+        raise ValueError(f"pycomm: block must be a power of two from {low} to {high}, not {block}")
