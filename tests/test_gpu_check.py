@@ -12,7 +12,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-import gpu_check  # noqa: E402
+from gpucheck.orchestrate import device_slug  # noqa: E402
 
 STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "allreduce",
          "host-cost", "graphs", "capture", "stream-wait", "sanitizer"]
@@ -55,7 +55,7 @@ def test_dry_run_plans_and_rehearses_every_step(tmp_path):
 
 
 def test_device_names():
-    assert gpu_check.device_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert gpu_check.device_slug("NVIDIA H200") == "h200"
-    assert gpu_check.device_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
-    assert gpu_check.device_slug("") == "cpu"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert device_slug("NVIDIA H200") == "h200"
+    assert device_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+    assert device_slug("") == "cpu"
