@@ -5,7 +5,7 @@ compressed against uncompressed, pycomm against gloo, pycomm's layered path over
         [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3,
                       layered-direct+fp8_e4m3,layered-hierarchical+fp8_e4m3]
 
-Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (tests/_netns.py; root
+Builds 2 network namespaces ("hosts") x 2 ranks on one bridge (pycomm/bench/netns.py; root
 only), every host's link limited to --rate by tc tbf on the host side of its veth (its
 egress, so both directions of the link between the two hosts), and runs one torchrun job
 across them. Each rank times float32 SUM all-reduce of --size bytes through
@@ -89,8 +89,9 @@ import statistics
 import sys
 import time
 
+from pycomm.bench import netns
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 RESULT_TAG = "MULTIHOST-RESULT "
 ERROR_ELEMENTS = 1 << 20  # Gaussian elements per rank for the error column
 TRAINING = ("fsdp2", "ddp")  # the collectives that time training steps
@@ -408,15 +409,6 @@ def train_steps(args, gloo, rank, n, algorithms):
 # driver side
 # ---------------------------------------------------------------------------------------
 
-def load_netns():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_netns", os.path.join(ROOT, "tests", "_netns.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def link_bound(hosts, world):
     """Ring's bytes over a host's link divided by hierarchical's (see the module comment):
     2(n-1)/n S against 2(N-1)/N S for n ranks on N hosts; None with one host."""
@@ -546,7 +538,6 @@ def report(s):
 
 
 def drive(args):
-    netns = load_netns()
     ok, why = netns.available()
     if not ok:
         print("multihost bench: cannot run: %s" % why, file=sys.stderr)

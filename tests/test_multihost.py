@@ -1,5 +1,5 @@
 """Multi-host runs (docs/design.md, 'Testing on one machine'): every "host" is a network namespace on one bridge
-(tests/_netns.py), and each runs its ranks under torchrun's multi-node c10d rendezvous, so
+(pycomm/bench/netns.py), and each runs its ranks under torchrun's multi-node c10d rendezvous, so
 ranks on different hosts can only talk over TCP through the veth links, and ranks of one
 host over shared memory. _multihost_worker.py checks every algorithm against exact
 expectations; this file checks the jobs end well and that pycomm saw the intended
@@ -10,7 +10,7 @@ both ranks fail in time with errors naming the op, its sequence number and the p
 Root only (namespaces): skips with the reason otherwise.
 
 Rendezvous: c10d (torchrun --rdzv-backend=c10d) hosted by host 0's agent, with is_host and
---local-addr given explicitly (see _netns.torchrun_commands); static rendezvous is not
+--local-addr given explicitly (see netns.torchrun_commands); static rendezvous is not
 needed.
 """
 
@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-import _netns
+from pycomm.bench import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_multihost_worker.py")
@@ -34,7 +34,7 @@ JOB_TIMEOUT_S = 120
 # Worker-side limits, inside the job deadline: process-group timeout and self-exit.
 WORKER_ARGS = ["--pg-timeout", "45", "--deadline", "100"]
 
-_ok, _why = _netns.available()
+_ok, _why = netns.available()
 pytestmark = pytest.mark.skipif(not _ok, reason="multi-host tests: %s" % _why)
 
 _INFO_RE = re.compile(r"pycomm: group '[^']*' rank (\d+)/(\d+) node (\d+): (.*), chunk ")
@@ -56,12 +56,12 @@ def run_job(n_hosts, nproc, rate=None, env=None, worker_args=()):
     host's tbf statistics."""
     env = dict(env or {})
     env.setdefault("PYCOMM_DEBUG", "INFO")
-    with _netns.Hosts(n_hosts, rate=rate) as hosts:
-        cmds = _netns.torchrun_commands(hosts, sys.executable, WORKER,
+    with netns.Hosts(n_hosts, rate=rate) as hosts:
+        cmds = netns.torchrun_commands(hosts, sys.executable, WORKER,
                                         list(WORKER_ARGS) + list(worker_args),
                                         nproc=nproc, extra_env=env)
         start = time.monotonic()
-        results, timed_out = _netns.run_jobs(cmds, JOB_TIMEOUT_S)
+        results, timed_out = netns.run_jobs(cmds, JOB_TIMEOUT_S)
         elapsed = time.monotonic() - start
         story = "%s\n%s" % (hosts.describe(), "\n".join(r.describe() for r in results))
         assert not timed_out, "job passed its %d s deadline\n%s" % (JOB_TIMEOUT_S, story)
@@ -74,7 +74,7 @@ def run_job(n_hosts, nproc, rate=None, env=None, worker_args=()):
 
 def _qdisc_stats(host):
     """(bytes sent, overlimits) of the tbf on a host's link."""
-    p = subprocess.run(host.command([_netns.TC, "-s", "qdisc", "show", "dev", host.ifname]),
+    p = subprocess.run(host.command([netns.TC, "-s", "qdisc", "show", "dev", host.ifname]),
                        capture_output=True, text=True, timeout=20)
     m = re.search(r"qdisc tbf .*?Sent (\d+) bytes .*?overlimits (\d+)", p.stdout, re.S)
     assert m, "no tbf statistics on %s: %s" % (host, p.stdout)
@@ -166,23 +166,23 @@ def _break_link(hosts, fault):
     rendezvous store's connections, on its port, are spared); loss: host 1's switch port
     goes down, so every packet from either side is dropped."""
     if fault == "reset":
-        _netns._run(hosts.hosts[1].command([
-            _netns._tool("ss"), "-K", "dst", hosts.hosts[0].addr, "and", "dport", "!=", ":29400",
+        netns._run(hosts.hosts[1].command([
+            netns._tool("ss"), "-K", "dst", hosts.hosts[0].addr, "and", "dport", "!=", ":29400",
             "and", "sport", "!=", ":29400"]))
     else:
-        _netns._run([_netns.IP, "-n", hosts.switch, "link", "set", "port1", "down"])
+        netns._run([netns.IP, "-n", hosts.switch, "link", "set", "port1", "down"])
 
 
 def _restore_link(hosts, fault):
     if fault == "loss":
-        _netns._run([_netns.IP, "-n", hosts.switch, "link", "set", "port1", "up"])
+        netns._run([netns.IP, "-n", hosts.switch, "link", "set", "port1", "up"])
 
 
 @pytest.mark.parametrize("fault", ["reset", "loss"])
 def test_link_fault_fails_every_rank_in_time(fault, tmp_path):
     marker = lambda name: str(tmp_path / name)  # noqa: E731
-    with _netns.Hosts(2) as hosts:
-        cmds = _netns.torchrun_commands(
+    with netns.Hosts(2) as hosts:
+        cmds = netns.torchrun_commands(
             hosts, sys.executable, LINK_WORKER,
             ["--marker-dir", str(tmp_path), "--pg-timeout", LINK_PG_TIMEOUT_S, "--deadline", 100],
             nproc=1)
@@ -205,7 +205,7 @@ def test_link_fault_fails_every_rank_in_time(fault, tmp_path):
 
         injector = threading.Thread(target=inject, daemon=True)
         injector.start()
-        results, timed_out = _netns.run_jobs(cmds, JOB_TIMEOUT_S)
+        results, timed_out = netns.run_jobs(cmds, JOB_TIMEOUT_S)
         injector.join(timeout=10)
         story = "%s\n%s" % (hosts.describe(), "\n".join(r.describe() for r in results))
     assert outcome.get("ready"), "the ranks never started looping\n" + story

@@ -32,6 +32,9 @@ Layout (each piece is written once and shared by every backend, dtype and collec
 * ``writers``     the JSON document, JSON-lines and Markdown writers.
 * ``plot``        ``python -m pycomm.bench.plot run.json -o busbw.png``: busbw (and latency)
                   against size, and the best backend per size.
+* ``netns``       simulated hosts (a network namespace each, on one bridge, links shaped
+                  with tc) and torchrun jobs across them: tests/test_multihost.py and
+                  bench/multihost.py (root only).
 
 The parent-side output modules are layered without cycles: ``stats``, ``comparisons`` and
 ``run_metadata`` import none of the others, ``render`` builds on them, ``writers`` on
