@@ -42,7 +42,7 @@ LAYERED_BENCH_ARGS ?= --mode blocking -r 9 -b 4K -e 16M -f 4 --backends gloo,lay
 PEERS_BENCH_ARGS ?= -r 9 --sizes 4K,64K,1M,16M,64M --backends pycomm:algorithm=auto,torch=pycomm,deepspeed,mpi,gloo,copy
 PYTEST_ARGS ?=
 
-.PHONY: FORCE all build test test-quick test-durations layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-verify bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
+.PHONY: FORCE all build lint format test test-quick test-durations layer-check bench bench-mpi bench-peers bench-algos bench-determinism bench-verify bench-layered bench-gpu gpu-check bench-scale-core conformance openmpi cuda-check core-test clean
 
 all: build
 
@@ -191,6 +191,16 @@ PY_LAYERS := _C,_launch kernels layered direct data_parallel __init__ fsdp,hooks
 layer-check:
 	@$(PYTHON) tests/check_layers.py --cpp $(LAYERS) --python $(PY_LAYERS)
 
+# lint: ruff over the Python (pyproject.toml's [tool.ruff]) and clang-format over the C++
+# (.clang-format); it changes nothing and fails naming what is off. `make format` applies
+# clang-format's layout to the C++.
+CXX_FORMATTED = $(shell find csrc tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+lint: $(DEPS_STAMP)
+	@$(PY) -m ruff check --quiet pycomm tests bench setup.py && echo "lint: ruff: pycomm, tests, bench"
+	@$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FORMATTED) && echo "lint: clang-format: csrc, tests/cpp"
+format: $(DEPS_STAMP)
+	$(VENV)/bin/clang-format -i $(CXX_FORMATTED)
+
 # pytest exit code 5 means no test was collected: a broken suite, never a pass.
 # PYTEST_WORKERS processes run the tests (pytest-xdist), longest first from the timings in
 # tests/durations.json; the tests sharing a module's world stay on one worker
@@ -202,7 +212,7 @@ pytest = @$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WOR
 # The compile steps (nvcc checks, C++ tests) run JOBS at a time, then the C++ tests one
 # after another (they have timing bounds).
 JOBS ?= $(shell nproc)
-test: layer-check build
+test: layer-check lint build
 	@$(MAKE) --no-print-directory -j$(JOBS) cuda-check $(CPP_TESTS)
 	@$(MAKE) --no-print-directory core-test
 	$(call pytest,)

@@ -15,7 +15,6 @@ the functions by their own time.
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import sys

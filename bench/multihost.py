@@ -1,5 +1,6 @@
-"""All-reduce (or reduce-scatter, all-gather) across a slow link between simulated hosts: hierarchical against flat ring,
-compressed against uncompressed, pycomm against gloo, pycomm's layered path over gloo.
+"""All-reduce (or reduce-scatter, all-gather) across a slow link between simulated hosts:
+hierarchical against flat ring, compressed against uncompressed, pycomm against gloo,
+pycomm's layered path over gloo.
 
     .venv/bin/python bench/multihost.py [--rate 1gbit] [--size 64M] [--repeats 5] [--groups 10] [--json out.json]
         [--algorithms ring,hierarchical,auto,auto+fp16,auto+fp8_e4m3,gloo,layered,layered+fp8_e4m3,
@@ -514,9 +515,11 @@ def report(s):
     else:
         lines.append("hierarchical/ring busbw: n/a (needs both ring and hierarchical in --algorithms)")
     for a, x in (s.get("layered_over_gloo_busbw") or {}).items():
-        lines.append("%s/gloo busbw: %.2fx%s" % (a, x, " (target >= 3x for fp8_e4m3)" if a.endswith("fp8_e4m3") else ""))
+        target = " (target >= 3x for fp8_e4m3)" if a.endswith("fp8_e4m3") else ""
+        lines.append("%s/gloo busbw: %.2fx%s" % (a, x, target))
     if s.get("choices_in_new_groups"):
-        lines.append("the automatic choice in %d groups created anew: " % len(next(iter(s["choices_in_new_groups"].values())))
+        groups = len(next(iter(s["choices_in_new_groups"].values())))
+        lines.append("the automatic choice in %d groups created anew: " % groups
                      + "; ".join("%s: %s" % (a, ", ".join("%s %d" % (c, labels.count(c)) for c in sorted(set(labels))))
                                  for a, labels in s["choices_in_new_groups"].items()))
     if s.get("layered_plans"):

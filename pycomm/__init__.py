@@ -149,7 +149,8 @@ def _recorder(group):
 
 def stats(group=None):
     """This rank's counters of the group's operations: ``{"group", "rank", "size",
-    "setup": {"transports", "chunk_bytes", "fallback"}, "collectives": {collective: {algorithm: {"calls", "failures", "bytes", "time_s"}}},
+    "setup": {"transports", "chunk_bytes", "fallback"},
+    "collectives": {collective: {algorithm: {"calls", "failures", "bytes", "time_s"}}},
     "last": <the last operation ended, as a flight-recorder entry, or None>}``. ``bytes``
     counts S as nccl-tests does (the whole array), ``time_s`` the time the operations ran
     (from their start on the group's thread to their end, queueing excluded). For a group

@@ -138,7 +138,8 @@ def special_world(rank, ws):
             pycomm.all_reduce(t, compression=codec)
             err = _rel_rms(t, ref)
             if not (torch.isfinite(t).all() and err <= BOUND[codec]):
-                problems.append("%s %s values: error %.3e, finite %s" % (codec, what, err, torch.isfinite(t).all().item()))
+                finite = torch.isfinite(t).all().item()
+                problems.append("%s %s values: error %.3e, finite %s" % (codec, what, err, finite))
     return problems
 
 

@@ -349,8 +349,10 @@ def refusals_world(rank, ws):
     problems = []
     for build, expected in [(lambda: pycomm.exact_data_parallel(DDP(_model("mlp"))), "pass the module itself"),
                             (sharded_on_one_rank, "does not call its reduce-scatter on one rank"),
-                            (lambda: pycomm.exact_data_parallel(_model("mlp").double()), "float32, float16 or bfloat16"),
-                            (lambda: pycomm.exact_data_parallel(_model("mlp"), compression="fp9"), "compression='fp9'")]:
+                            (lambda: pycomm.exact_data_parallel(_model("mlp").double()),
+                             "float32, float16 or bfloat16"),
+                            (lambda: pycomm.exact_data_parallel(_model("mlp"), compression="fp9"),
+                             "compression='fp9'")]:
         try:
             build()
             problems.append(expected + ": accepted")

@@ -8,7 +8,8 @@ dropping its connections, corrupting a frame header or sleeping; or starting up 
 (never joining, a duplicate rank, another world size). Expected of every other process:
 a pycomm error naming the operation, its sequence number and the peer, within a bound
 (near the group timeout where a timeout is the outcome); the group then refuses the next
-call at once; a new group works in the same processes; the process exits normally. The time to error is the failing call's (or group creation's) duration.
+call at once; a new group works in the same processes; the process exits normally. The
+time to error is the failing call's (or group creation's) duration.
 
 The scenarios of one layout run in turn in one world of processes (a fresh group each,
 and a fresh process for a victim that cannot go on): a process start costs seconds on

@@ -195,8 +195,9 @@ def hierarchical_world(rank, ws, parts):
         _cut_in_parts(parts)
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     differ, ran = [], set()
-    cases = [(dtype, op, count, codec) for dtype in (torch.float32, torch.bfloat16) for op in ("SUM", "AVG", "PREMUL_SUM")
-             for count in (1, 7, 1001, 65537) for codec in (None, "fp16", "fp8_e4m3", "fp8_e5m2")]
+    cases = [(dtype, op, count, codec) for dtype in (torch.float32, torch.bfloat16)
+             for op in ("SUM", "AVG", "PREMUL_SUM") for count in (1, 7, 1001, 65537)
+             for codec in (None, "fp16", "fp8_e4m3", "fp8_e5m2")]
     for i, (dtype, op, count, codec) in enumerate(cases):
         x = _values(rank, count, dtype, i)
         native, layered = x.clone(), x.clone()
@@ -292,7 +293,8 @@ def test_layered_plan():
     assert plan(1000, one_host, collective="reduce_scatter", oneshot_capacity=segments).variant == "layered-oneshot"
     assert plan(1000, one_host, collective="reduce_scatter", oneshot_capacity=segments - 1).variant != \
         "layered-oneshot"
-    assert "oneshot cannot serve this call" in plan(2000, one_host, oneshot_capacity=coded, algorithm="oneshot").fallback
+    refused = plan(2000, one_host, oneshot_capacity=coded, algorithm="oneshot")
+    assert "oneshot cannot serve this call" in refused.fallback
 
 
 # The exact sums of the sliced test on Triton's interpreter (about 2 s a case at 9 ranks):
@@ -475,7 +477,6 @@ def disagreeing_world(rank, ws, collective):
     same call, which must work. Last, rank 0's call runs in one shot and the others' pairwise
     ("one shot against pairwise"). Returns, by case: the disagreeing call's sequence number,
     its error, how long it took, and the sum of the call after it."""
-    import pycomm
 
     gloo = dist.new_group(backend="gloo", timeout=group_timeout())
     made = [0]  # calls made on the group: a call's sequence number is one more
@@ -585,7 +586,7 @@ def test_device_path_on_host_memory():
         for count, outcomes in raised.items():
             for kind, message in outcomes:  # the wait, then the next call
                 assert kind == "DistBackendError", (count, kind, message)
-                assert f"allreduce #1 over gloo on group" in message and f"failed on rank {rank}: rank {peer} called " \
+                assert "allreduce #1 over gloo on group" in message and f"failed on rank {rank}: rank {peer} called " \
                     f"it with compression {theirs} where this rank has {mine}: ranks called different collectives " \
                     "or arguments (compared on the device" in message, message
 

@@ -231,7 +231,8 @@ def test_fold_over_segments_is_a_fold_per_segment(codec):
                     for s, (first, n) in enumerate(pieces):
                         if s != skip and n:
                             _C.fold(expected[s * width:s * width + _C.encoded_size(codec, block, n)],
-                                    [x[first:first + n]], [Form.Input], dtype, n, _op(op), 3, False, codec, block, stage)
+                                    [x[first:first + n]], [Form.Input], dtype, n, _op(op), 3, False, codec, block,
+                                    stage)
                     for kernels in (_C, triton_kernels):
                         slots = torch.zeros(parts * width, dtype=torch.uint8, device=DEVICE)
                         kernels.fold_segments(x.to(DEVICE), slots, count, parts, unit, skip, width, dtype, _op(op), 3,

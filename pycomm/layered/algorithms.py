@@ -199,7 +199,8 @@ def _direct_part(call, part, index):
         places = [gathered[s * width:s * width + wire(lengths[s])] if coded else
                   _bytes(part[begins[s]:begins[s + 1]]) for s in range(n)]
         call.fold(places[r] if coded else part[begins[r]:begins[r + 1]], terms, forms, lengths[r], stage)
-        moving = call.pairwise([(s, places[r]) for s in range(n) if s != r], [(s, places[s]) for s in range(n) if s != r])
+        moving = call.pairwise([(s, places[r]) for s in range(n) if s != r],
+                               [(s, places[s]) for s in range(n) if s != r])
     else:
         result = call.buffer("result", index, width)
         call.fold(result[:wire(lengths[r])], terms, forms, lengths[r], stage)
