@@ -62,7 +62,11 @@ struct Context {
   int group_rank(int logical) const { return members.empty() ? logical : members[logical]; }
   Channel& to(int peer) const { return *(*channels)[group_rank(peer)]; }
   ReduceSpec spec(const Request& r) const {
-    return ReduceSpec{r.dtype, r.reduction, world, r.options.compression, r.options.compression_block,
+    return ReduceSpec{r.dtype,
+                      r.reduction,
+                      world,
+                      r.options.compression,
+                      r.options.compression_block,
                       r.options.determinism == Determinism::Exact};
   }
   // The same operation on a team of group ranks, which must include this rank.
@@ -70,7 +74,8 @@ struct Context {
     Context t = *this;
     t.members = group_ranks;
     t.size = static_cast<int>(group_ranks.size());
-    t.rank = static_cast<int>(std::find(group_ranks.begin(), group_ranks.end(), group_rank(rank)) - group_ranks.begin());
+    t.rank =
+        static_cast<int>(std::find(group_ranks.begin(), group_ranks.end(), group_rank(rank)) - group_ranks.begin());
     return t;
   }
 };
@@ -215,17 +220,17 @@ struct Wire {
 // offset) at `stage`: each element rounded once, whatever the order of arrival. Per chunk
 // a rank sends n-1 frames, then receives n-1, so a peer is never more than one chunk
 // behind and pipeline_depth >= 2 slots suffice.
-void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, const SegmentChunks& chunks,
-                        size_t c, void* out, Stage stage);
+void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, const SegmentChunks& chunks, size_t c,
+                        void* out, Stage stage);
 // The gather steps of chunk c: this rank's piece of segment r, on the wire at `mine`,
 // reaches every rank, and every peer's piece is taken into `out` (the whole buffer).
 // Direct: sent to every peer at once (one step). Ring (recv-copy-send): passed r -> r+1,
 // each rank taking a piece and forwarding it straight from the received slot (n-1 steps,
 // neighbour links only; pipelined chunk-major like the ring reduce-scatter).
-void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
-                        const void* mine, void* out);
-void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
-                      const void* mine, void* out);
+void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c, const void* mine,
+                        void* out);
+void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c, const void* mine,
+                      void* out);
 using GatherStep = decltype(&direct_gather_step);
 // Ring reduce-scatter of chunk c (recv-reduce-send), uncoded: segment r of the chunk,
 // reduced over the team, is written to own_out (at its offset within segment r).

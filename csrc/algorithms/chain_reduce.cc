@@ -23,19 +23,16 @@ void chain_reduce(const Context& cx, const Request& rq) {
   for (size_t first = 0; first < rq.count; first += chunk) {
     const size_t len = std::min(chunk, rq.count - first);
     if (pos == 1) {  // the chain's first rank: only its own contribution
-      send_frame(cx, next, len * ws, [&](void* slot) {
-        cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len);
-      });
+      send_frame(cx, next, len * ws,
+                 [&](void* slot) { cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len); });
       continue;
     }
     recv_frame(cx, prev, len * ws, [&](const void* partial) {
       if (pos == 0) {
-        cx.ops->reduce(spec, Stage::Final, static_cast<char*>(rq.output) + first * es,
-                       in + first * es, partial, len);
+        cx.ops->reduce(spec, Stage::Final, static_cast<char*>(rq.output) + first * es, in + first * es, partial, len);
       } else {
-        send_frame(cx, next, len * ws, [&](void* slot) {
-          cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len);
-        });
+        send_frame(cx, next, len * ws,
+                   [&](void* slot) { cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len); });
       }
     });
   }

@@ -21,8 +21,7 @@ namespace {
 
 void direct_step_then(const Context& cx, const Request& rq, GatherStep gather) {
   const Wire wire(cx, rq);
-  const SegmentChunks chunks{Segments{rq.count, static_cast<size_t>(cx.size), wire.allreduce_unit()},
-                             wire.chunk(cx)};
+  const SegmentChunks chunks{Segments{rq.count, static_cast<size_t>(cx.size), wire.allreduce_unit()}, wire.chunk(cx)};
   char* const result = wire.coded() ? cx.workspace->get(Scratch::Own, wire.bytes(chunks.chunk)) : nullptr;
   auto* out = static_cast<char*>(rq.output);
   for (size_t c = 0; c < chunks.count(); ++c) {

@@ -55,12 +55,12 @@ void hierarchical_allgather(const Context& cx, const Request& rq) {
       const std::vector<int>& on_node = topo.nodes[j];
       for (size_t off = 0; off < len; off += chunk) {
         const size_t bytes = std::min(chunk, len - off) * es, at = begin + off;
-        for (int k = 1; k < L; ++k)
-          send_copy(intra, mod(local + k, L), bytes, mine + off * es);
+        for (int k = 1; k < L; ++k) send_copy(intra, mod(local + k, L), bytes, mine + off * es);
         cx.ops->copy(out + (on_node[local] * count + at) * es, mine + off * es, bytes);
         for (int k = 1; k < L; ++k) {
           const int p = mod(local - k, L);
-          recv_frame(intra, p, bytes, [&](const void* data) { cx.ops->copy(out + (on_node[p] * count + at) * es, data, bytes); });
+          recv_frame(intra, p, bytes,
+                     [&](const void* data) { cx.ops->copy(out + (on_node[p] * count + at) * es, data, bytes); });
         }
       }
     }

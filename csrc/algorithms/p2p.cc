@@ -35,8 +35,8 @@ void check_matches(const OpStamp& theirs, const OpStamp& mine, const PeerInfo& p
 // `got` have arrived: an empty message is one empty frame, any other frame carries bytes.
 void check_frame_fits(size_t len, size_t got, size_t total, const OpStamp& op, const PeerInfo& peer) {
   if (len > total - got || (len == 0 && total != 0))
-    fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe() + ": " + std::to_string(len) +
-                                  " bytes after " + std::to_string(got) + " of " + describe(op));
+    fail(ErrorKind::Mismatch, "malformed frame from " + peer.describe() + ": " + std::to_string(len) + " bytes after " +
+                                  std::to_string(got) + " of " + describe(op));
 }
 
 }  // namespace
@@ -99,9 +99,9 @@ void Inbox::receive(const Context& cx, Channel& ch, const Request& rq) {
         if (!fits(h.op) && !awaited(h.op.root))
           fail(ErrorKind::Mismatch,
                peer.describe() + " sent " + describe(h.op) + " before the message of " + describe(mine) +
-                   ", and the messages of other tags waiting to be received would pass the " +
-                   std::to_string(limit_) + " bytes this pair holds: post the recv of tag " +
-                   std::to_string(h.op.root) + " first (irecv), or receive them in the order they were sent");
+                   ", and the messages of other tags waiting to be received would pass the " + std::to_string(limit_) +
+                   " bytes this pair holds: post the recv of tag " + std::to_string(h.op.root) +
+                   " first (irecv), or receive them in the order they were sent");
         hold(ch, h, payload);
         continue;
       }
@@ -140,8 +140,8 @@ bool Inbox::offers(Channel& ch, int tag) {
 bool Inbox::continues_held(const FrameHeader& h, const PeerInfo& peer) const {
   if (held_.empty() || held_.back().got == held_.back().data.size()) return false;
   if (!(h.op == held_.back().stamp))
-    fail(ErrorKind::Mismatch, "malformed stream from " + peer.describe() + ": " + describe(h.op) +
-                                  " starts inside " + describe(held_.back().stamp));
+    fail(ErrorKind::Mismatch, "malformed stream from " + peer.describe() + ": " + describe(h.op) + " starts inside " +
+                                  describe(held_.back().stamp));
   return true;
 }
 

@@ -6,8 +6,8 @@
 // step_latency_us: every rank of a team at once, so that it includes what a lone pair
 // does not see: ranks competing for cores (more ranks than cores), and waking peers.
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <vector>
 
 #include "algorithms/algorithm.h"
@@ -32,7 +32,13 @@ LinkCost ping_pong(const Context& cx, int peer, bool initiator) {
   std::vector<double> rtts;
   for (int i = 0; i < kPings; ++i) {
     const double t0 = now_us();
-    if (initiator) { ping(); pong(); } else { pong(); ping(); }
+    if (initiator) {
+      ping();
+      pong();
+    } else {
+      pong();
+      ping();
+    }
     rtts.push_back(now_us() - t0);
   }
   std::nth_element(rtts.begin(), rtts.begin() + kPings / 2, rtts.end());

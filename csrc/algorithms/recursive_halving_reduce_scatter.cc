@@ -59,9 +59,8 @@ void halve_partials(const Context& cx, const Request& rq) {
     for (size_t c = 0; c < whole.count(); ++c) {
       size_t first, len;
       whole.piece(0, c, first, len);
-      send_frame(cx, me + 1, len * ws, [&](void* slot) {
-        cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len);
-      });
+      send_frame(cx, me + 1, len * ws,
+                 [&](void* slot) { cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len); });
     }
     return recv_bytes(cx, me + 1, out, count * es);
   }
@@ -113,7 +112,7 @@ void halve_partials(const Context& cx, const Request& rq) {
         const size_t segment = element / count;
         const size_t piece = last ? std::min(len - done, (segment + 1) * count - element) : len;
         const Term terms[2] = {mine(element), {static_cast<const char*>(theirs) + done * ws, Form::Partial}};
-        char* const dst = !last ? at(element)
+        char* const dst = !last                             ? at(element)
                           : static_cast<int>(segment) == me ? out + (element - me * count) * es
                                                             : pair_result + (element - segment * count) * es;
         cx.ops->reduce_terms(spec, last ? Stage::Final : Stage::Partial, dst, terms, 2, piece);
@@ -188,8 +187,8 @@ void halve_contributions(const Context& cx, const Request& rq) {
     for (int w : heard(v, d)) {
       const bool own = w % (2 * d) == v % (2 * d);
       for (int k = 0; k < fly.ranks_of(w); ++k, dst += piece) {
-        const char* src = own ? held + ((mine_j++) * range.size() + kept.first - range.first) * seg
-                              : received + (their_j++) * piece;
+        const char* src =
+            own ? held + ((mine_j++) * range.size() + kept.first - range.first) * seg : received + (their_j++) * piece;
         cx.ops->copy(dst, src, piece);
       }
     }

@@ -27,9 +27,8 @@ void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const Segme
   size_t first, len;
   ring.piece(mod(r - 1, n), c, first, len);  // step 0
   if (len)
-    send_frame(cx, right, len * ws, [&](void* slot) {
-      cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len);
-    });
+    send_frame(cx, right, len * ws,
+               [&](void* slot) { cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, nullptr, len); });
   for (int k = 0; k <= n - 2; ++k) {
     ring.piece(mod(r - 2 - k, n), c, first, len);
     if (!len) continue;
@@ -38,9 +37,8 @@ void ring_reduce_scatter_chunk(const Context& cx, const Request& rq, const Segme
         char* out = static_cast<char*>(own_out) + (first - ring.seg.begin(r)) * es;
         cx.ops->reduce(spec, Stage::Final, out, in + first * es, partial, len);
       } else {
-        send_frame(cx, right, len * ws, [&](void* slot) {
-          cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len);
-        });
+        send_frame(cx, right, len * ws,
+                   [&](void* slot) { cx.ops->reduce(spec, Stage::Partial, slot, in + first * es, partial, len); });
       }
     });
   }
@@ -52,7 +50,7 @@ void ring_reduce_scatter(const Context& cx, const Request& rq) {
     return;
   }
   const SegmentChunks ring{Segments{rq.count * cx.size, static_cast<size_t>(cx.size)},
-                        cx.chunk_bytes / accum_size(rq.dtype)};
+                           cx.chunk_bytes / accum_size(rq.dtype)};
   for (size_t c = 0; c < ring.count(); ++c) ring_reduce_scatter_chunk(cx, rq, ring, c, rq.output);
 }
 

@@ -40,8 +40,8 @@ void Wire::take(const Context& cx, void* out, const void* wire, size_t len) cons
   cx.ops->reduce_terms(decoding(spec), Stage::Final, out, &t, 1, len);
 }
 
-void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, const SegmentChunks& chunks,
-                        size_t c, void* out, Stage stage) {
+void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, const SegmentChunks& chunks, size_t c,
+                        void* out, Stage stage) {
   const int n = cx.size, r = cx.rank;
   const bool everyones = chunks.seg.parts == 1;
   const auto* in = static_cast<const char*>(rq.input);
@@ -50,8 +50,7 @@ void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, 
     chunks.piece(0, c, first, len);
     char* const sent = cx.workspace->get(Scratch::Sent, wire.bytes(len));
     wire.put(cx, sent, in + first * wire.es, len);
-    for (int k = 1; k < n && len; ++k)
-      send_copy(cx, mod(r + k, n), wire.bytes(len), sent);
+    for (int k = 1; k < n && len; ++k) send_copy(cx, mod(r + k, n), wire.bytes(len), sent);
   } else {
     for (int k = 1; k < n; ++k) {  // rank r+1 first: peers are not all served in the same order
       const int s = mod(r + k, n);
@@ -70,15 +69,14 @@ void direct_reduce_step(const Context& cx, const Request& rq, const Wire& wire, 
     if (p != r) end_recv_frame(cx, p);
 }
 
-void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
-                        const void* mine, void* out) {
+void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c, const void* mine,
+                        void* out) {
   const int n = cx.size, r = cx.rank;
   auto* buf = static_cast<char*>(out);
   size_t first, len;
   chunks.piece(r, c, first, len);
   if (len)
-    for (int k = 1; k < n; ++k)
-      send_copy(cx, mod(r + k, n), wire.bytes(len), mine);
+    for (int k = 1; k < n; ++k) send_copy(cx, mod(r + k, n), wire.bytes(len), mine);
   for (int k = 1; k < n; ++k) {
     const int p = mod(r - k, n);
     chunks.piece(p, c, first, len);
@@ -87,8 +85,8 @@ void direct_gather_step(const Context& cx, const Wire& wire, const SegmentChunks
   }
 }
 
-void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c,
-                      const void* mine, void* out) {
+void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& chunks, size_t c, const void* mine,
+                      void* out) {
   const int n = cx.size, r = cx.rank, right = mod(r + 1, n), left = mod(r - 1, n);
   if (n == 1) return;  // no ring: the piece is already in place
   auto* buf = static_cast<char*>(out);
@@ -100,8 +98,7 @@ void ring_gather_step(const Context& cx, const Wire& wire, const SegmentChunks& 
     if (!len) continue;
     recv_frame(cx, left, wire.bytes(len), [&](const void* data) {
       wire.take(cx, buf + first * wire.es, data, len);
-      if (k < n - 2)
-        send_copy(cx, right, wire.bytes(len), data);
+      if (k < n - 2) send_copy(cx, right, wire.bytes(len), data);
     });
   }
 }

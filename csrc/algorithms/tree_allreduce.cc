@@ -71,10 +71,8 @@ void tree_allreduce(const Context& cx, const Request& rq) {
       if (t.parent >= 0)
         send_frame(cx, t.parent, len * ws,
                    [&](void* slot) { cx.ops->reduce_terms(spec, Stage::Partial, slot, terms, k, len); });
-      else if (coded)
-        cx.ops->reduce_terms(spec, Stage::FinalEncoded, result[h], terms, k, len);
-      else
-        cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms, k, len);
+      else if (coded) cx.ops->reduce_terms(spec, Stage::FinalEncoded, result[h], terms, k, len);
+      else cx.ops->reduce_terms(spec, Stage::Final, out + first * es, terms, k, len);
       for (int child : t.child)
         if (child >= 0) end_recv_frame(cx, child);
     }

@@ -1,9 +1,9 @@
 #include "binding/accumulator.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <ATen/Parallel.h>
 
 #include "binding/tables.h"
 #include "core/dispatch.h"
@@ -25,9 +25,9 @@ void check_state(const at::Tensor& index, const at::Tensor& hi, const at::Tensor
   check(index, n, "the index");
   check(hi, n, "hi");
   check(lo, n, "lo");
-  TORCH_CHECK_VALUE(index.scalar_type() == at::kChar && hi.scalar_type() == at::kDouble &&
-                        lo.scalar_type() == at::kDouble,
-                    "pycomm: exact accumulator: the state is an int8 index and float64 hi and lo");
+  TORCH_CHECK_VALUE(
+      index.scalar_type() == at::kChar && hi.scalar_type() == at::kDouble && lo.scalar_type() == at::kDouble,
+      "pycomm: exact accumulator: the state is an int8 index and float64 hi and lo");
 }
 
 // Calls f(TypeTag<T>) for the float types the accumulator takes.
@@ -133,15 +133,16 @@ PYCOMM_VECTOR_CLONES void value_runs(T* o, const double* h, const double* l, int
 
 int64_t binned_max_terms() { return kBinnedMaxTerms; }
 
-void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::vector<at::Tensor>& terms,
-                 bool empty) {
+void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::vector<at::Tensor>& terms, bool empty) {
   check_state(index, hi, lo);
   TORCH_CHECK_VALUE(!terms.empty() || !empty, "pycomm: exact accumulator: an empty state needs at least one term");
   if (terms.empty()) return;
   for (const auto& t : terms) {
     check(t, index.numel(), "a gradient");
-    TORCH_CHECK_VALUE(t.scalar_type() == terms[0].scalar_type(), "pycomm: exact accumulator: the gradients added "
-                      "together are of one dtype, not ", terms[0].scalar_type(), " and ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == terms[0].scalar_type(),
+                      "pycomm: exact accumulator: the gradients added "
+                      "together are of one dtype, not ",
+                      terms[0].scalar_type(), " and ", t.scalar_type());
   }
   dispatch_gradient(terms[0].scalar_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -212,8 +213,7 @@ void value_of_bins(at::Tensor& out, const at::Tensor& hi, const at::Tensor& lo, 
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out.data_ptr());
     const double *h = hi.data_ptr<double>(), *l = lo.data_ptr<double>();
-    at::parallel_for(0, n, kGrain,
-                     [&](int64_t begin, int64_t end) { value_runs<T>(o, h, l, begin, end, divisor); });
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { value_runs<T>(o, h, l, begin, end, divisor); });
   });
 }
 

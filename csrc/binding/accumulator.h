@@ -4,9 +4,9 @@
 // of one length and of the dtypes named.
 #pragma once
 
-#include <vector>
-
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace pycomm {
 
@@ -14,8 +14,7 @@ namespace pycomm {
 // element, into the state (`index` int8, `hi` and `lo` float64): several at once read and
 // write the state once. `empty`: the state holds no term yet, and its contents are
 // neither read nor need to be initialized (the first terms of a state).
-void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::vector<at::Tensor>& terms,
-                 bool empty);
+void add_to_bins(at::Tensor& index, at::Tensor& hi, at::Tensor& lo, const std::vector<at::Tensor>& terms, bool empty);
 
 // Shifts the state to the indices `to` (int8, each at least the state's own): the form in
 // which states of several ranks add exactly.

@@ -1,6 +1,7 @@
 #include "binding/arguments.h"
 
 #include <c10/util/Exception.h>
+
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "binding/tables.h"
@@ -26,22 +27,25 @@ const at::Tensor& single(const std::vector<at::Tensor>& tensors, const char* op)
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* op) {
   check_tensor(a, op);
   check_tensor(b, op);
-  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "pycomm: ", op, ": dtypes differ (", a.scalar_type(), " vs ", b.scalar_type(), ")");
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "pycomm: ", op, ": dtypes differ (", a.scalar_type(), " vs ",
+                    b.scalar_type(), ")");
 }
 
 void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like, size_t n, const char* op) {
-  TORCH_CHECK_VALUE(list.size() == n, "pycomm: ", op, ": expected a list of ", n, " tensors (one per rank), got ", list.size());
+  TORCH_CHECK_VALUE(list.size() == n, "pycomm: ", op, ": expected a list of ", n, " tensors (one per rank), got ",
+                    list.size());
   for (const auto& t : list) {
     check_same(t, like, op);
-    TORCH_CHECK_VALUE(t.numel() == like.numel(), "pycomm: ", op, ": every tensor in the list must have ", like.numel(), " elements, got ", t.numel());
+    TORCH_CHECK_VALUE(t.numel() == like.numel(), "pycomm: ", op, ": every tensor in the list must have ", like.numel(),
+                      " elements, got ", t.numel());
   }
 }
 
 const std::vector<at::Tensor>* root_list(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& like,
                                          bool root, size_t n, const char* op, const char* what) {
   if (!root) {
-    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "pycomm: ", op, ": only the root passes ",
-                      what, " tensors");
+    TORCH_CHECK_VALUE(lists.empty() || (lists.size() == 1 && lists[0].empty()), "pycomm: ", op,
+                      ": only the root passes ", what, " tensors");
     return nullptr;
   }
   TORCH_CHECK_VALUE(lists.size() == 1, "pycomm: ", op, ": the root takes one ", what, " list, got ", lists.size());

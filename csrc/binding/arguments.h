@@ -2,11 +2,11 @@
 // (ValueError naming the operation `op`), and their translation into a core Request.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
 #include <cstddef>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "core/request.h"
 #include "core/types.h"

@@ -1,10 +1,10 @@
 #include "binding/backend.h"
 
-#include <algorithm>
-
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "binding/arguments.h"
@@ -14,8 +14,7 @@
 namespace pycomm {
 
 ProcessGroupPycomm::ProcessGroupPycomm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, const std::string& group_name,
-                                       Config config)
+                                       std::chrono::milliseconds timeout, const std::string& group_name, Config config)
     : Backend(rank, size), group_name_(group_name) {
   guard([&] {
     store_ = std::make_unique<TorchStore>(store);

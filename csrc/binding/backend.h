@@ -9,12 +9,11 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
-
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
 
 #include "binding/store_adapter.h"
 #include "binding/work.h"
@@ -45,21 +44,41 @@ class ProcessGroupPycomm final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
                                            const c10::intrusive_ptr<Options>& opts_override) override;
 
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs, const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs, const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -67,9 +86,12 @@ class ProcessGroupPycomm final : public c10d::Backend {
 
   // The direct API: the same collectives with per-call options ("" = the group's default);
   // `blocking` as for launch_direct().
-  c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op, const CallOptions& options, bool blocking);
-  c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options, bool blocking);
+  c10::intrusive_ptr<c10d::Work> all_reduce_with(at::Tensor& tensor, const c10d::ReduceOp& op,
+                                                 const CallOptions& options, bool blocking);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_with(at::Tensor& output, at::Tensor& input, const c10d::ReduceOp& op,
+                                                     const CallOptions& options, bool blocking);
+  c10::intrusive_ptr<c10d::Work> all_gather_with(at::Tensor& output, at::Tensor& input, const CallOptions& options,
+                                                 bool blocking);
   CallOptions call_options(Collective c, const std::string& algorithm, const std::string& compression,
                            const std::string& determinism) const;
   std::string describe_transports() const { return comm_->describe_transports(); }
@@ -87,10 +109,14 @@ class ProcessGroupPycomm final : public c10d::Backend {
   Request request(Collective c, const at::Tensor& t, std::chrono::milliseconds timeout,
                   const CallOptions* options = nullptr) const;
   // A broadcast's or reduce's request, in place on `t` (copied back where it is strided).
-  Request rooted_in_place(Launch& l, Collective c, const at::Tensor& t, int64_t root, std::chrono::milliseconds timeout);
-  void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
-  void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op, std::chrono::milliseconds timeout, const CallOptions& options);
-  void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout, const CallOptions& options);
+  Request rooted_in_place(Launch& l, Collective c, const at::Tensor& t, int64_t root,
+                          std::chrono::milliseconds timeout);
+  void add_allreduce(Launch& l, const at::Tensor& t, const c10d::ReduceOp& op, std::chrono::milliseconds timeout,
+                     const CallOptions& options);
+  void add_reduce_scatter(Launch& l, const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op,
+                          std::chrono::milliseconds timeout, const CallOptions& options);
+  void add_allgather(Launch& l, const at::Tensor& out, const at::Tensor& in, std::chrono::milliseconds timeout,
+                     const CallOptions& options);
   // Sparse (COO) SUM all-reduce, as Gloo serves it (sparse_sum): the result replaces the
   // input's indices and values on every rank.
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
@@ -98,7 +124,8 @@ class ProcessGroupPycomm final : public c10d::Backend {
   // the calling (engine) thread.
   at::Tensor gather_host(const at::Tensor& mine, std::chrono::milliseconds timeout);
   c10::intrusive_ptr<c10d::Work> p2p(Collective c, std::vector<at::Tensor>& tensors, int peer, int tag);
-  void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in, std::chrono::milliseconds timeout);
+  void add_allgather_list(Launch& l, const std::vector<at::Tensor>& outs, const at::Tensor& in,
+                          std::chrono::milliseconds timeout);
   // `blocking`: the caller waits right away (async_op=False), so the engine may run it
   // inline; so it may when the operation is small (PYCOMM_EAGER_BYTES): its Work then
   // comes back completed. `lane`: Engine::kOrdered for collectives, else the p2p lane (see p2p_lane()).

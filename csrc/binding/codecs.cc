@@ -31,16 +31,15 @@ const DeviceOps& ops_for(const at::Tensor& t) {
   return *slot;
 }
 
-
 ReduceSpec codec_spec(at::ScalarType dtype, const std::string& codec, int64_t block) {
   ReduceSpec spec;
   guard([&] {
     spec.dtype = to_core(dtype);
     spec.codec = parse<Compression>(codec);
   });
-  TORCH_CHECK_VALUE(spec.dtype == DataType::Float32 || spec.dtype == DataType::Float16 ||
-                        spec.dtype == DataType::BFloat16,
-                    "pycomm: codecs apply to float32, float16 and bfloat16 tensors, not ", dtype);
+  TORCH_CHECK_VALUE(
+      spec.dtype == DataType::Float32 || spec.dtype == DataType::Float16 || spec.dtype == DataType::BFloat16,
+      "pycomm: codecs apply to float32, float16 and bfloat16 tensors, not ", dtype);
   TORCH_CHECK_VALUE(spec.codec != Compression::None, "pycomm: codec 'none' has no encoding");
   TORCH_CHECK_VALUE(block >= kMinCompressionBlock && block <= kMaxCompressionBlock && (block & (block - 1)) == 0,
                     "pycomm: block must be a power of two from ", kMinCompressionBlock, " to ", kMaxCompressionBlock,
@@ -51,9 +50,9 @@ ReduceSpec codec_spec(at::ScalarType dtype, const std::string& codec, int64_t bl
 
 at::Tensor output(const std::optional<at::Tensor>& given, int64_t numel, at::ScalarType dtype, at::Device device) {
   if (!given) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
-  TORCH_CHECK_VALUE(given->device() == device && given->is_contiguous() && given->scalar_type() == dtype &&
-                        given->numel() == numel,
-                    "pycomm: out must be a contiguous tensor of ", numel, " ", dtype, " elements on ", device);
+  TORCH_CHECK_VALUE(
+      given->device() == device && given->is_contiguous() && given->scalar_type() == dtype && given->numel() == numel,
+      "pycomm: out must be a contiguous tensor of ", numel, " ", dtype, " elements on ", device);
   return *given;
 }
 
@@ -64,7 +63,8 @@ at::Tensor encode_tensor(const at::Tensor& t, const std::string& codec, int64_t 
   const ReduceSpec spec = codec_spec(t.scalar_type(), codec, block);
   const at::Tensor in = t.contiguous();
   const size_t n = static_cast<size_t>(in.numel());
-  at::Tensor out = output(out_arg, static_cast<int64_t>(encoded_bytes(spec.codec, spec.block, n)), at::kByte, t.device());
+  at::Tensor out =
+      output(out_arg, static_cast<int64_t>(encoded_bytes(spec.codec, spec.block, n)), at::kByte, t.device());
   const Term term{in.data_ptr(), Form::Input};
   const DeviceOps& ops = ops_for(in);
   guard([&] { ops.reduce_terms(spec, Stage::Encoded, out.data_ptr(), &term, 1, n); });
@@ -105,8 +105,9 @@ at::Tensor reduce_tensors(const std::vector<at::Tensor>& terms, const c10d::Redu
   std::vector<at::Tensor> dense;
   std::vector<Term> rows;
   for (const at::Tensor& t : terms) {
-    TORCH_CHECK_VALUE(t.device() == first.device() && t.scalar_type() == first.scalar_type() && t.numel() == first.numel(),
-                      "pycomm: reduce takes tensors of one device, dtype and size");
+    TORCH_CHECK_VALUE(
+        t.device() == first.device() && t.scalar_type() == first.scalar_type() && t.numel() == first.numel(),
+        "pycomm: reduce takes tensors of one device, dtype and size");
     dense.push_back(t.contiguous());
     rows.push_back(Term{dense.back().data_ptr(), Form::Input});
   }

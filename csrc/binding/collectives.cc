@@ -1,8 +1,7 @@
-#include "binding/backend.h"
-
 #include <c10/util/Exception.h>
 
 #include "binding/arguments.h"
+#include "binding/backend.h"
 #include "binding/sparse_allreduce.h"
 #include "binding/tables.h"
 
@@ -12,9 +11,7 @@ namespace {
 // Sends to a peer and receives from it are separate lanes: they use opposite directions
 // of the pair's channel and must not wait for each other. Receives from any source have
 // a lane of their own, after every peer's two.
-int p2p_lane(int peer, bool send, int size) {
-  return peer == kAnySource ? 2 * size : 2 * peer + (send ? 1 : 0);
-}
+int p2p_lane(int peer, bool send, int size) { return peer == kAnySource ? 2 * size : 2 * peer + (send ? 1 : 0); }
 
 // A coalesced call's Launch (`op` names it in errors): a request per (output, input) pair,
 // each added by `add`; its result is the outputs.
@@ -80,11 +77,13 @@ void ProcessGroupPycomm::add_allgather_list(Launch& l, const std::vector<at::Ten
   l.requests.push_back(rq);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
     return sparse_allreduce(tensors[0], opts);
   Launch l;
-  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout, config("allreduce").options_for(Collective::AllReduce));
+  add_allreduce(l, single(tensors, "allreduce"), opts.reduceOp, opts.timeout,
+                config("allreduce").options_for(Collective::AllReduce));
   l.result = tensors;
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce", std::move(l), !opts.asyncOp);
 }
@@ -102,7 +101,8 @@ at::Tensor ProcessGroupPycomm::gather_host(const at::Tensor& mine, std::chrono::
   return out;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& tensor,
+                                                                    const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM,
                     "pycomm: all-reduce of sparse tensors only works with ReduceOp.SUM");
   to_core(tensor.scalar_type());
@@ -112,13 +112,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::sparse_allreduce(at::Tensor& 
   l.result = {tensor};
   // Its steps depend on what the first gathers: they run as one task, in issue order.
   l.after.push_back([this, tensor, exact, timeout]() mutable {
-    tensor.copy_(sparse_sum(tensor, getSize(), exact, [&](const at::Tensor& mine) { return gather_host(mine, timeout); }));
+    tensor.copy_(
+        sparse_sum(tensor, getSize(), exact, [&](const at::Tensor& mine) { return gather_host(mine, timeout); }));
   });
   return launch(c10d::OpType::ALLREDUCE, "pycomm:all_reduce_sparse", std::move(l), !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
   Launch l;
   for (const auto& t : tensors)
     add_allreduce(l, t, opts.reduceOp, opts.timeout, config("allreduce").options_for(Collective::AllReduce));
@@ -136,14 +137,17 @@ Request ProcessGroupPycomm::rooted_in_place(Launch& l, Collective c, const at::T
   return rq;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
   Launch l;
-  l.requests.push_back(rooted_in_place(l, Collective::Broadcast, single(tensors, "broadcast"), opts.rootRank, opts.timeout));
+  l.requests.push_back(
+      rooted_in_place(l, Collective::Broadcast, single(tensors, "broadcast"), opts.rootRank, opts.timeout));
   l.result = tensors;
   return launch(c10d::OpType::BROADCAST, "pycomm:broadcast", std::move(l), !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
   Launch l;
   Request rq = rooted_in_place(l, Collective::Reduce, single(tensors, "reduce"), opts.rootRank, opts.timeout);
   rq.reduction = to_core(opts.reduceOp);
@@ -153,7 +157,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce(std::vector<at::Tensor
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                             std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
   const at::Tensor& in = single(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "pycomm: allgather takes one output list, got ", outputs.size());
   Launch l;
@@ -213,7 +218,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::allgather_into_tensor_coalesc
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                          std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
   const at::Tensor& in = single(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
   Launch l;
@@ -253,7 +259,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
   TORCH_CHECK_VALUE(inputs.size() == 1, "pycomm: reduce_scatter takes one input list, got ", inputs.size());
   check_list(inputs[0], out, getSize(), "reduce_scatter");
   Launch l;
-  add_reduce_scatter(l, out, l.in_concat(inputs[0]), opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
+  add_reduce_scatter(l, out, l.in_concat(inputs[0]), opts.reduceOp, opts.timeout,
+                     config("reduce_scatter").options_for(Collective::ReduceScatter));
   l.result = outputs;
   return launch(c10d::OpType::REDUCE_SCATTER, "pycomm:reduce_scatter", std::move(l), !opts.asyncOp);
 }
@@ -261,14 +268,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter(std::vector<at
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                         const c10d::ReduceScatterOptions& opts) {
   Launch l;
-  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout, config("reduce_scatter").options_for(Collective::ReduceScatter));
+  add_reduce_scatter(l, output, input, opts.reduceOp, opts.timeout,
+                     config("reduce_scatter").options_for(Collective::ReduceScatter));
   l.result = {output};
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "pycomm:_reduce_scatter_base", std::move(l), !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                                   std::vector<at::Tensor>& inputs,
-                                                                                   const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   const CallOptions options = config("reduce_scatter").options_for(Collective::ReduceScatter);
   Launch pairs = coalesced_launch("reduce_scatter_tensor_coalesced", outputs, inputs,
                                   [&](Launch& l, const at::Tensor& out, const at::Tensor& in) {
@@ -289,18 +296,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& out
     const int64_t rows = t.dim() ? t.size(0) : 1, row = rows ? t.numel() / rows : 0;
     std::vector<size_t> c(n);
     if (splits.empty()) {
-      TORCH_CHECK_VALUE(rows % n == 0, "pycomm: alltoall: ", which, " has ", rows, " rows, not divisible by world size ", n);
+      TORCH_CHECK_VALUE(rows % n == 0, "pycomm: alltoall: ", which, " has ", rows,
+                        " rows, not divisible by world size ", n);
       for (auto& x : c) x = static_cast<size_t>(rows / n * row);
       return c;
     }
-    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == n, "pycomm: alltoall: ", which, " splits list ", splits.size(), " sizes for ", n, " ranks");
+    TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == n, "pycomm: alltoall: ", which, " splits list ", splits.size(),
+                      " sizes for ", n, " ranks");
     int64_t total = 0;
     for (int i = 0; i < n; ++i) {
       TORCH_CHECK_VALUE(splits[i] >= 0, "pycomm: alltoall: negative split size");
       total += splits[i];
       c[i] = static_cast<size_t>(splits[i] * row);
     }
-    TORCH_CHECK_VALUE(total == rows, "pycomm: alltoall: ", which, " splits sum to ", total, " rows but the tensor has ", rows);
+    TORCH_CHECK_VALUE(total == rows, "pycomm: alltoall: ", which, " splits sum to ", total, " rows but the tensor has ",
+                      rows);
     return c;
   };
   Launch l;
@@ -315,7 +325,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall_base(at::Tensor& out
   return launch(c10d::OpType::ALLTOALL_BASE, "pycomm:all_to_all_single", std::move(l), !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::alltoall(std::vector<at::Tensor>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
                                                             const c10d::AllToAllOptions& opts) {
   const size_t n = static_cast<size_t>(getSize());
   TORCH_CHECK_VALUE(outputs.size() == n && inputs.size() == n, "pycomm: alltoall: expected ", n,

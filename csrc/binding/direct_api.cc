@@ -1,11 +1,10 @@
 #include "binding/backend.h"
-
 #include "binding/tables.h"
 
 namespace pycomm {
 
-CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& algorithm,
-                                             const std::string& compression, const std::string& determinism) const {
+CallOptions ProcessGroupPycomm::call_options(Collective c, const std::string& algorithm, const std::string& compression,
+                                             const std::string& determinism) const {
   CallOptions o = config(name_of(c)).options_for(c);
   guard([&] {
     if (!algorithm.empty()) o.algorithm = parse<Algorithm>(algorithm);
@@ -24,8 +23,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::all_reduce_with(at::Tensor& t
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPycomm::reduce_scatter_with(at::Tensor& output, at::Tensor& input,
-                                                                       const c10d::ReduceOp& op, const CallOptions& options,
-                                                                       bool blocking) {
+                                                                       const c10d::ReduceOp& op,
+                                                                       const CallOptions& options, bool blocking) {
   Launch l;
   add_reduce_scatter(l, output, input, op, c10d::kUnsetTimeout, options);
   l.result = {output};

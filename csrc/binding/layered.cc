@@ -25,19 +25,25 @@ Collective parse_layered_collective(const std::string& name) {
 // Bytes a term or output of `count` elements takes in `form`.
 size_t bytes_in(Form form, const ReduceSpec& spec, size_t count) {
   switch (form) {
-    case Form::Input: return count * element_size(spec.dtype);
-    case Form::Partial: return count * element_size(accumulation_type(spec.dtype));
-    case Form::Encoded: return encoded_bytes(spec.codec, spec.block, count);
+    case Form::Input:
+      return count * element_size(spec.dtype);
+    case Form::Partial:
+      return count * element_size(accumulation_type(spec.dtype));
+    case Form::Encoded:
+      return encoded_bytes(spec.codec, spec.block, count);
   }
   return 0;
 }
 
 Form form_of(Stage stage) {
   switch (stage) {
-    case Stage::Partial: return Form::Partial;
-    case Stage::Final: return Form::Input;
+    case Stage::Partial:
+      return Form::Partial;
+    case Stage::Final:
+      return Form::Input;
     case Stage::Encoded:
-    case Stage::FinalEncoded: return Form::Encoded;
+    case Stage::FinalEncoded:
+      return Form::Encoded;
   }
   return Form::Input;
 }
@@ -66,8 +72,7 @@ LayeredOptions LayeredConfig::options(const std::string& collective, at::ScalarT
     const DataType t = to_core(dtype);
     if (reduces(c)) check_reducible(t, to_core(op));
     return LayeredOptions{name_of(applied_compression(c, t, o.compression)),
-                          static_cast<int64_t>(config.compression_block), name_of(o.determinism),
-                          name_of(o.algorithm)};
+                          static_cast<int64_t>(config.compression_block), name_of(o.determinism), name_of(o.algorithm)};
   });
 }
 
@@ -170,9 +175,9 @@ void* stream_of(const at::Device& device) {
 
 }  // namespace
 
-void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
-          at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
-          const std::string& codec, int64_t block, Stage stage) {
+void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms, at::ScalarType dtype,
+          int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact, const std::string& codec,
+          int64_t block, Stage stage) {
   TORCH_CHECK_VALUE(!terms.empty() && terms.size() == forms.size(), "pycomm: fold takes one form per term, and a term");
   TORCH_CHECK_VALUE(count >= 0, "pycomm: fold of ", count, " elements");
   const ReduceSpec spec = spec_of(dtype, op, world_size, exact, codec, block, stage);
@@ -201,16 +206,17 @@ void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vect
 void fold_segments(at::Tensor& plain, at::Tensor& slots, int64_t count, int64_t parts, int64_t unit, int64_t skip,
                    int64_t slot_bytes, at::ScalarType dtype, const c10d::ReduceOp& op, int64_t world_size, bool exact,
                    const std::string& codec, int64_t block, Stage stage) {
-  TORCH_CHECK_VALUE(count >= 0 && parts >= 1 && unit >= 1 && slot_bytes >= 0 && skip >= -1,
-                    "pycomm: fold_segments of ", count, " elements in ", parts, " segments of units of ", unit,
-                    ", slots of ", slot_bytes, " bytes, segment ", skip, " left out");
+  TORCH_CHECK_VALUE(count >= 0 && parts >= 1 && unit >= 1 && slot_bytes >= 0 && skip >= -1, "pycomm: fold_segments of ",
+                    count, " elements in ", parts, " segments of units of ", unit, ", slots of ", slot_bytes,
+                    " bytes, segment ", skip, " left out");
   const ReduceSpec spec = spec_of(dtype, op, world_size, exact, codec, block, stage);
   TORCH_CHECK_VALUE(spec.codec != Compression::None, "pycomm: fold_segments is a codec's step: it needs a codec");
   const SegmentSlots pairs{Segments{static_cast<size_t>(count), static_cast<size_t>(parts), static_cast<size_t>(unit)},
                            static_cast<size_t>(slot_bytes), static_cast<int>(skip)};
   const at::Device device = plain.device();
   TORCH_CHECK_VALUE(slots.device() == device, "pycomm: fold_segments: slots are on ", slots.device(), ", not ", device);
-  TORCH_CHECK_VALUE(plain.is_contiguous() && slots.is_contiguous(), "pycomm: fold_segments: operands must be contiguous");
+  TORCH_CHECK_VALUE(plain.is_contiguous() && slots.is_contiguous(),
+                    "pycomm: fold_segments: operands must be contiguous");
   TORCH_CHECK_VALUE(static_cast<size_t>(plain.numel() * plain.element_size()) >=
                         bytes_in(pairs.encodes(stage) ? Form::Input : form_of(stage), spec, pairs.segments.count),
                     "pycomm: fold_segments: the plain operand holds ", plain.numel() * plain.element_size(),
@@ -251,20 +257,19 @@ void write_stamp(at::Tensor& dst, const std::vector<int64_t>& words) {
 }
 
 void judge_stamps(const at::Tensor& rows, const at::Tensor& mine, int64_t skip, at::Tensor& verdict) {
-  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.scalar_type() == at::kLong && rows.stride(1) == 1 &&
-                        mine.scalar_type() == at::kLong && mine.is_contiguous() && mine.numel() >= 3 &&
-                        mine.numel() <= rows.size(1) && mine.numel() <= kMaxStampWords,
-                    "pycomm: judge_stamps: int64 rows of at least the stamp's words, and a stamp of 3 to ",
-                    kMaxStampWords, " words");
+  TORCH_CHECK_VALUE(
+      rows.dim() == 2 && rows.scalar_type() == at::kLong && rows.stride(1) == 1 && mine.scalar_type() == at::kLong &&
+          mine.is_contiguous() && mine.numel() >= 3 && mine.numel() <= rows.size(1) && mine.numel() <= kMaxStampWords,
+      "pycomm: judge_stamps: int64 rows of at least the stamp's words, and a stamp of 3 to ", kMaxStampWords, " words");
   TORCH_CHECK_VALUE(verdict.device().is_cpu() && verdict.scalar_type() == at::kLong && verdict.is_contiguous() &&
                         verdict.numel() == kVerdictWords,
                     "pycomm: judge_stamps: a verdict is ", kVerdictWords, " int64 words of host memory");
   const at::Device device = rows.device();
   TORCH_CHECK_VALUE(mine.device() == device, "pycomm: judge_stamps: the stamps are on ", device, " and mine on ",
                     mine.device());
-  const StampTable table{rows.data_ptr<int64_t>(), static_cast<size_t>(rows.size(0)),
-                         static_cast<size_t>(rows.stride(0)), mine.data_ptr<int64_t>(),
-                         static_cast<int>(mine.numel()), static_cast<int>(skip)};
+  const StampTable table{
+      rows.data_ptr<int64_t>(), static_cast<size_t>(rows.size(0)), static_cast<size_t>(rows.stride(0)),
+      mine.data_ptr<int64_t>(), static_cast<int>(mine.numel()),    static_cast<int>(skip)};
   if (device.is_cpu()) {
     judge_stamps(table, verdict.data_ptr<int64_t>());
     return;
@@ -328,8 +333,7 @@ void LayeredRecorder::completed(int64_t id) {
     line << "pycomm: group '" << who_.group << "': " << describe(s) << ": ";
     if (!op.fallback.empty()) line << op.fallback << ", ";
     line << op.bytes << " B, algorithm " << name_of(static_cast<Variant>(s.variant)) << " over " << mover_
-         << ", compression "
-         << name_of(static_cast<Compression>(s.compression)) << ", determinism "
+         << ", compression " << name_of(static_cast<Compression>(s.compression)) << ", determinism "
          << name_of(static_cast<Determinism>(s.determinism)) << ", " << std::fixed << std::setprecision(1) << us
          << " us";
     log_line(line.str());

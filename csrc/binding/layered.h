@@ -91,9 +91,9 @@ int64_t encoded_size(const std::string& codec, int64_t block, int64_t count);
 // algorithm reduces with. Tensors are contiguous, on one device, of exactly the bytes
 // their form needs. CPU tensors are reduced before it returns; CUDA tensors by a kernel
 // enqueued on the current stream, not waited for.
-void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms,
-          at::ScalarType dtype, int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact,
-          const std::string& codec, int64_t block, Stage stage);
+void fold(at::Tensor& out, const std::vector<at::Tensor>& terms, const std::vector<Form>& forms, at::ScalarType dtype,
+          int64_t count, const c10d::ReduceOp& op, int64_t world_size, bool exact, const std::string& codec,
+          int64_t block, Stage stage);
 
 // fold of each pair of segment s of `plain` (Segments(count, parts, unit) of its elements)
 // and slot s of `slots` (bytes, slot s at s * slot_bytes), but `skip` (-1: none):

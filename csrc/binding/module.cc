@@ -3,15 +3,15 @@
 #include <pybind11/chrono.h>
 #include <torch/python.h>
 
-#include "core/config.h"
-#include "core/dispatch.h"
-#include "core/numerics.h"
 #include "binding/accumulator.h"
 #include "binding/backend.h"
 #include "binding/codecs.h"
 #include "binding/layered.h"
 #include "binding/tables.h"
 #include "binding/work.h"
+#include "core/config.h"
+#include "core/dispatch.h"
+#include "core/numerics.h"
 #include "device/cpu_codecs.h"
 #include "runtime/device_runtime.h"
 #include "runtime/layered_plan.h"
@@ -142,32 +142,35 @@ PYBIND11_MODULE(_C, m) {
                          return pg.all_reduce_with(t, op, o, blocking);
                        });
   });
-  m.def("reduce_scatter_tensor", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out, at::Tensor& in,
-                                    const py::handle& op, const py::handle& a, const py::handle& c,
-                                    const py::handle& d, bool async_op) {
-    return direct_call(group, in.device(), Collective::ReduceScatter, a, c, d, async_op,
-                       [&, op = reduce_op(op)](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
-                         return pg.reduce_scatter_with(out, in, op, o, blocking);
-                       });
-  });
-  m.def("all_gather_into_tensor", [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out,
-                                     at::Tensor& in, const py::handle& a, const py::handle& c, const py::handle& d,
-                                     bool async_op) {
-    return direct_call(group, in.device(), Collective::AllGather, a, c, d, async_op,
-                       [&](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
-                         return pg.all_gather_with(out, in, o, blocking);
-                       });
-  });
+  m.def("reduce_scatter_tensor",
+        [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out, at::Tensor& in, const py::handle& op,
+           const py::handle& a, const py::handle& c, const py::handle& d, bool async_op) {
+          return direct_call(group, in.device(), Collective::ReduceScatter, a, c, d, async_op,
+                             [&, op = reduce_op(op)](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
+                               return pg.reduce_scatter_with(out, in, op, o, blocking);
+                             });
+        });
+  m.def("all_gather_into_tensor",
+        [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& out, at::Tensor& in, const py::handle& a,
+           const py::handle& c, const py::handle& d, bool async_op) {
+          return direct_call(group, in.device(), Collective::AllGather, a, c, d, async_op,
+                             [&](ProcessGroupPycomm& pg, const CallOptions& o, bool blocking) {
+                               return pg.all_gather_with(out, in, o, blocking);
+                             });
+        });
   m.def("encode", &pycomm::encode_tensor, py::arg("tensor"), py::arg("codec"), py::arg("block"),
         py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("decode", &pycomm::decode_tensor, py::arg("encoded"), py::arg("codec"), py::arg("block"), py::arg("numel"),
         py::arg("dtype"), py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   // The CPU codecs' paths (device/cpu_codecs.h), for the tests and benchmarks that compare them.
   m.def("cpu_codec_paths", &pycomm::cpu_codec_paths);
-  m.def("cpu_codec_path", [](const std::optional<std::string>& path) {
-    if (path) pycomm::guard([&] { pycomm::set_cpu_codec_path(*path); });
-    return pycomm::cpu_codec_path();
-  }, py::arg("path") = py::none(), "The path in use, after choosing `path` where given.");
+  m.def(
+      "cpu_codec_path",
+      [](const std::optional<std::string>& path) {
+        if (path) pycomm::guard([&] { pycomm::set_cpu_codec_path(*path); });
+        return pycomm::cpu_codec_path();
+      },
+      py::arg("path") = py::none(), "The path in use, after choosing `path` where given.");
   m.def("reduce", &pycomm::reduce_tensors, py::arg("terms"), py::arg("op"), py::arg("world_size") = 1,
         py::arg("exact") = false, py::arg("out") = py::none(), py::call_guard<py::gil_scoped_release>());
   py::enum_<pycomm::Form>(m, "Form")
@@ -185,7 +188,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("determinism", &pycomm::LayeredOptions::determinism)
       .def_readonly("algorithm", &pycomm::LayeredOptions::algorithm);
   py::class_<pycomm::LayeredPlan>(m, "LayeredPlan")
-      .def_property_readonly("variant", [](const pycomm::LayeredPlan& p) { return std::string(pycomm::name_of(p.variant)); })
+      .def_property_readonly("variant",
+                             [](const pycomm::LayeredPlan& p) { return std::string(pycomm::name_of(p.variant)); })
       .def_readwrite("parts", &pycomm::LayeredPlan::parts)  // written by tests, to cut a call in more parts
       .def_readonly("predicted_us", &pycomm::LayeredPlan::predicted_us)
       .def_readonly("fallback", &pycomm::LayeredPlan::fallback);
@@ -213,9 +217,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("across") = std::make_pair(0.0, 0.0), py::arg("core_share") = 1.0, py::arg("device_memory") = false,
         py::arg("pairwise_mover") = false, py::arg("oneshot_capacity") = 0);
   m.def("host_key", &pycomm::host_key);
-  m.def("hosts_in_blocks", [](const std::vector<int>& host_of) {
-    return pycomm::hosts_in_blocks(pycomm::Topology::from_node_of(host_of));
-  }, py::arg("host_of"), "Whether the two-level layered variants serve ranks on these hosts (runtime/plan.h).");
+  m.def(
+      "hosts_in_blocks",
+      [](const std::vector<int>& host_of) { return pycomm::hosts_in_blocks(pycomm::Topology::from_node_of(host_of)); },
+      py::arg("host_of"), "Whether the two-level layered variants serve ranks on these hosts (runtime/plan.h).");
   m.def("reduction", &pycomm::reduction_of, py::arg("op"), py::arg("dtype"));
   m.def("segment_begins", &pycomm::segment_begins, py::arg("count"), py::arg("parts"), py::arg("unit"));
   m.def("encoded_size", py::overload_cast<const std::string&, int64_t, int64_t>(&pycomm::encoded_size),
@@ -223,13 +228,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("fold", &pycomm::fold, py::arg("out"), py::arg("terms"), py::arg("forms"), py::arg("dtype"), py::arg("count"),
         py::arg("op"), py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("fold_segments", &pycomm::fold_segments, py::arg("plain"), py::arg("slots"), py::arg("count"),
-        py::arg("parts"), py::arg("unit"), py::arg("skip"), py::arg("slot_bytes"), py::arg("dtype"), py::arg("op"),
-        py::arg("world_size"), py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
+  m.def("fold_segments", &pycomm::fold_segments, py::arg("plain"), py::arg("slots"), py::arg("count"), py::arg("parts"),
+        py::arg("unit"), py::arg("skip"), py::arg("slot_bytes"), py::arg("dtype"), py::arg("op"), py::arg("world_size"),
+        py::arg("exact"), py::arg("codec"), py::arg("block"), py::arg("stage"),
         py::call_guard<py::gil_scoped_release>());
   m.def("write_stamp", &pycomm::write_stamp, py::arg("dst"), py::arg("words"));
-  m.def("judge_stamps", py::overload_cast<const at::Tensor&, const at::Tensor&, int64_t, at::Tensor&>(
-                            &pycomm::judge_stamps),
+  m.def("judge_stamps",
+        py::overload_cast<const at::Tensor&, const at::Tensor&, int64_t, at::Tensor&>(&pycomm::judge_stamps),
         py::arg("rows"), py::arg("mine"), py::arg("skip"), py::arg("verdict"));
   m.attr("VERDICT_WORDS") = pycomm::kVerdictWords;
   m.def("add_to_bins", &pycomm::add_to_bins, py::arg("index"), py::arg("hi"), py::arg("lo"), py::arg("terms"),
@@ -242,11 +247,15 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("binned_max_terms", [] { return pycomm::binned_max_terms(); });
   m.def("default_compression_block", &pycomm::default_compression_block);
-  m.def("knobs", [] {
-    py::list out;
-    for (const auto& k : pycomm::knobs()) out.append(py::make_tuple(k.name, k.default_value, k.meaning, k.same_on_every_rank));
-    return out;
-  }, "Every environment knob as (name, default, meaning, same_on_every_rank).");
+  m.def(
+      "knobs",
+      [] {
+        py::list out;
+        for (const auto& k : pycomm::knobs())
+          out.append(py::make_tuple(k.name, k.default_value, k.meaning, k.same_on_every_rank));
+        return out;
+      },
+      "Every environment knob as (name, default, meaning, same_on_every_rank).");
   // The vocabularies and rules Python uses, from the core's own tables.
   std::vector<std::string> codecs = pycomm::names<pycomm::Compression>();
   codecs.erase(codecs.begin());  // "none"
@@ -263,8 +272,8 @@ PYBIND11_MODULE(_C, m) {
   for (const auto& [c, name] : pycomm::table_of<pycomm::Compression>().entries) {
     if (c == pycomm::Compression::None) continue;
     code_bytes[py::str(name)] = pycomm::code_size(c);
-    codec_targets[py::str(name)] = pycomm::dispatch_codec(
-        c, [](auto tag) { return static_cast<double>(decltype(tag)::type::kTarget); });
+    codec_targets[py::str(name)] =
+        pycomm::dispatch_codec(c, [](auto tag) { return static_cast<double>(decltype(tag)::type::kTarget); });
   }
   m.attr("code_bytes") = code_bytes;
   m.attr("codec_targets") = codec_targets;
@@ -284,49 +293,57 @@ PYBIND11_MODULE(_C, m) {
   // cuda/reduce_kernels.h: the most terms one launch of pycomm's CUDA kernels folds.
   m.attr("CUDA_FOLD_TERMS") = pycomm::kMaxDeviceTerms;
 #endif
-  m.def("applied_compression", [](const std::string& collective, at::ScalarType dtype, const std::string& codec) {
-    return pycomm::guard([&] {
-      return std::string(pycomm::name_of(pycomm::applied_compression(
-          pycomm::parse<pycomm::Collective>(collective), pycomm::to_core(dtype), pycomm::parse<pycomm::Compression>(codec))));
-    });
-  }, py::arg("collective"), py::arg("dtype"), py::arg("codec"),
-  "The codec a call of `collective` on `dtype` runs with when `codec` is asked for ('none' where it saves nothing).");
-  m.def("plan", [](const std::string& collective, size_t bytes, int world, int ranks_per_node,
-                   std::pair<double, double> intra, std::pair<double, double> inter, at::ScalarType dtype,
-                   const std::string& algorithm, const std::string& compression, const std::string& determinism,
-                   size_t chunk_bytes) {
-    return pycomm::guard([&] {
-      using namespace pycomm;
-      TORCH_CHECK_VALUE(world >= 1 && ranks_per_node >= 1, "pycomm.plan: world and ranks_per_node must be positive");
-      const Config defaults = Config::from_env();
-      std::vector<int> node_of(world);
-      for (int r = 0; r < world; ++r) node_of[r] = r / ranks_per_node;
-      const Topology topology = Topology::from_node_of(node_of);
-      PlanInput in;
-      in.collective = parse<Collective>(collective);
-      in.dtype = to_core(dtype);
-      in.bytes = bytes;
-      in.options.algorithm = parse<Algorithm>(algorithm);
-      in.options.compression = applied_compression(in.collective, in.dtype, parse<Compression>(compression));
-      in.options.compression_block = defaults.compression_block;
-      in.options.determinism = parse<Determinism>(determinism);
-      in.topology = &topology;
-      in.network = defaults.transport == TransportChoice::Tcp || world > ranks_per_node;
-      in.chunk_bytes = chunk_bytes ? chunk_bytes : defaults.frame_bytes(in.network);
-      in.costs.intra = {intra.first, intra.second};
-      in.costs.inter = {inter.first, inter.second};
-      const Plan plan = make_plan(in);
-      py::dict d;
-      d["algorithm"] = name_of(plan.algorithm);
-      d["variant"] = name_of(plan.variant);
-      d["predicted_us"] = plan.predicted_us;
-      d["fallback"] = plan.fallback;
-      return d;
-    });
-  }, py::arg("collective"), py::arg("bytes"), py::kw_only(), py::arg("world"), py::arg("ranks_per_node"),
-  py::arg("intra"), py::arg("inter"), py::arg("dtype") = at::kFloat, py::arg("algorithm") = "auto",
-  py::arg("compression") = "none", py::arg("determinism") = "0", py::arg("chunk_bytes") = 0,
-  "The plan pycomm would make for a call (its cost model, csrc/runtime/plan.cc), on world ranks in nodes of "
-  "ranks_per_node, with link costs (latency_us, bytes_per_us) within (intra) and between (inter) nodes: "
-  "{algorithm, variant, predicted_us, fallback}. chunk_bytes 0: the frame size a group would use.");
+  m.def(
+      "applied_compression",
+      [](const std::string& collective, at::ScalarType dtype, const std::string& codec) {
+        return pycomm::guard([&] {
+          return std::string(pycomm::name_of(pycomm::applied_compression(pycomm::parse<pycomm::Collective>(collective),
+                                                                         pycomm::to_core(dtype),
+                                                                         pycomm::parse<pycomm::Compression>(codec))));
+        });
+      },
+      py::arg("collective"), py::arg("dtype"), py::arg("codec"),
+      "The codec a call of `collective` on `dtype` runs with when `codec` is asked for ('none' where it saves "
+      "nothing).");
+  m.def(
+      "plan",
+      [](const std::string& collective, size_t bytes, int world, int ranks_per_node, std::pair<double, double> intra,
+         std::pair<double, double> inter, at::ScalarType dtype, const std::string& algorithm,
+         const std::string& compression, const std::string& determinism, size_t chunk_bytes) {
+        return pycomm::guard([&] {
+          using namespace pycomm;
+          TORCH_CHECK_VALUE(world >= 1 && ranks_per_node >= 1,
+                            "pycomm.plan: world and ranks_per_node must be positive");
+          const Config defaults = Config::from_env();
+          std::vector<int> node_of(world);
+          for (int r = 0; r < world; ++r) node_of[r] = r / ranks_per_node;
+          const Topology topology = Topology::from_node_of(node_of);
+          PlanInput in;
+          in.collective = parse<Collective>(collective);
+          in.dtype = to_core(dtype);
+          in.bytes = bytes;
+          in.options.algorithm = parse<Algorithm>(algorithm);
+          in.options.compression = applied_compression(in.collective, in.dtype, parse<Compression>(compression));
+          in.options.compression_block = defaults.compression_block;
+          in.options.determinism = parse<Determinism>(determinism);
+          in.topology = &topology;
+          in.network = defaults.transport == TransportChoice::Tcp || world > ranks_per_node;
+          in.chunk_bytes = chunk_bytes ? chunk_bytes : defaults.frame_bytes(in.network);
+          in.costs.intra = {intra.first, intra.second};
+          in.costs.inter = {inter.first, inter.second};
+          const Plan plan = make_plan(in);
+          py::dict d;
+          d["algorithm"] = name_of(plan.algorithm);
+          d["variant"] = name_of(plan.variant);
+          d["predicted_us"] = plan.predicted_us;
+          d["fallback"] = plan.fallback;
+          return d;
+        });
+      },
+      py::arg("collective"), py::arg("bytes"), py::kw_only(), py::arg("world"), py::arg("ranks_per_node"),
+      py::arg("intra"), py::arg("inter"), py::arg("dtype") = at::kFloat, py::arg("algorithm") = "auto",
+      py::arg("compression") = "none", py::arg("determinism") = "0", py::arg("chunk_bytes") = 0,
+      "The plan pycomm would make for a call (its cost model, csrc/runtime/plan.cc), on world ranks in nodes of "
+      "ranks_per_node, with link costs (latency_us, bytes_per_us) within (intra) and between (inter) nodes: "
+      "{algorithm, variant, predicted_us, fallback}. chunk_bytes 0: the frame size a group would use.");
 }

@@ -1,10 +1,5 @@
 #include "binding/sparse_allreduce.h"
 
-#include <algorithm>
-#include <optional>
-#include <tuple>
-#include <vector>
-
 #include <ATen/ops/_sparse_coo_tensor_unsafe.h>
 #include <ATen/ops/_unique2.h>
 #include <ATen/ops/cat.h>
@@ -14,7 +9,12 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <optional>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <tuple>
+#include <vector>
 
 #include "binding/codecs.h"
 

@@ -2,10 +2,10 @@
 // gather of host tensors across the group and the dense all-reduce's fold.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <functional>
-
-#include <ATen/core/Tensor.h>
 
 namespace pycomm {
 

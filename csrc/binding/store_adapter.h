@@ -2,9 +2,8 @@
 // per group by torch).
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <algorithm>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "core/store.h"
 

@@ -1,10 +1,10 @@
 #include "binding/work.h"
 
-#include <algorithm>
-
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 #include "runtime/device_runtime.h"
 
@@ -139,8 +139,8 @@ at::Tensor Launch::out_split(const std::vector<at::Tensor>& parts, const at::Ten
 void Launch::bind_device(const char* title) {
   for (const at::Tensor& t : keep) {
     if (&t == &keep.front()) device = t.device();
-    TORCH_CHECK_VALUE(t.device() == device, "pycomm: ", title, ": tensors on different devices (", device,
-                      " and ", t.device(), ")");
+    TORCH_CHECK_VALUE(t.device() == device, "pycomm: ", title, ": tensors on different devices (", device, " and ",
+                      t.device(), ")");
   }
 }
 

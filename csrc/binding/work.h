@@ -3,15 +3,15 @@
 // staging buffers and copy-backs around them.
 #pragma once
 
+#include <c10/core/Event.h>
+
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <vector>
-
-#include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
 
 #include "core/request.h"
 #include "runtime/communicator.h"

@@ -11,9 +11,7 @@
 
 namespace pycomm {
 
-std::string errno_message(const std::string& what) {
-  return what + ": " + std::strerror(errno);
-}
+std::string errno_message(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 std::string mebibytes(double bytes) {
   char text[32];
@@ -37,8 +35,8 @@ bool spin_until(const std::function<bool()>& ready, const SpinPolicy& policy) {
   return ready();
 }
 
-std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
-                                            int size, const std::string& mine, const Deadline& deadline) {
+std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank, int size,
+                                            const std::string& mine, const Deadline& deadline) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
   store.set(keys[rank], mine);

@@ -49,11 +49,16 @@ enum class KernelChoice : uint8_t { Auto, Cuda, Triton };
 // or always (also where processes time-slice one GPU).
 enum class CudaFlags : uint8_t { Auto, Always };
 enum class CudaIpc : uint8_t { Auto, Off };
-template <> const EnumTable<TransportChoice>& table_of<TransportChoice>();
-template <> const EnumTable<LogLevel>& table_of<LogLevel>();
-template <> const EnumTable<KernelChoice>& table_of<KernelChoice>();
-template <> const EnumTable<CudaFlags>& table_of<CudaFlags>();
-template <> const EnumTable<CudaIpc>& table_of<CudaIpc>();
+template <>
+const EnumTable<TransportChoice>& table_of<TransportChoice>();
+template <>
+const EnumTable<LogLevel>& table_of<LogLevel>();
+template <>
+const EnumTable<KernelChoice>& table_of<KernelChoice>();
+template <>
+const EnumTable<CudaFlags>& table_of<CudaFlags>();
+template <>
+const EnumTable<CudaIpc>& table_of<CudaIpc>();
 
 constexpr int kCollectiveCount = static_cast<int>(Collective::Barrier) + 1;
 

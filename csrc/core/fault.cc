@@ -116,8 +116,7 @@ FaultSpec parse_one(const std::string& text) {
 }
 
 bool matches(const FaultSpec& s, const OpStamp& op) {
-  return (s.collective < 0 || s.collective == op.collective) &&
-         (s.seq < 0 || static_cast<uint64_t>(s.seq) == op.seq);
+  return (s.collective < 0 || s.collective == op.collective) && (s.seq < 0 || static_cast<uint64_t>(s.seq) == op.seq);
 }
 
 }  // namespace
@@ -159,15 +158,14 @@ void FaultInjector::before_send(FrameHeader& header, const Abort& abort) const {
   }
   // Outside the lock: delay and stop block this thread, not another one that sends too.
   const OpStamp op = header.op;
-  for (const FaultSpec* s : due)
-    fire(*s, op, "at frame " + std::to_string(s->frame) + " of", abort, &header, nullptr);
+  for (const FaultSpec* s : due) fire(*s, op, "at frame " + std::to_string(s->frame) + " of", abort, &header, nullptr);
 }
 
 void FaultInjector::fire(const FaultSpec& s, const OpStamp& op, const std::string& where, const Abort& abort,
                          FrameHeader* header, const Flip& flip) const {
-  const std::string what = "pycomm: fault injected by PYCOMM_FAULT='" + s.text + "' on rank " +
-                           std::to_string(s.rank) + " " + where + " " +
-                           name_of(static_cast<Collective>(op.collective)) + " #" + std::to_string(op.seq);
+  const std::string what = "pycomm: fault injected by PYCOMM_FAULT='" + s.text + "' on rank " + std::to_string(s.rank) +
+                           " " + where + " " + name_of(static_cast<Collective>(op.collective)) + " #" +
+                           std::to_string(op.seq);
   if (s.action != FaultAction::Delay) log_line(what);
   switch (s.action) {
     case FaultAction::Kill:

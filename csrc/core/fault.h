@@ -90,8 +90,8 @@ class FaultInjector {
 
  private:
   explicit FaultInjector(std::vector<FaultSpec> specs);
-  void fire(const FaultSpec& s, const OpStamp& op, const std::string& where, const Abort& abort,
-            FrameHeader* header, const Flip& flip) const;
+  void fire(const FaultSpec& s, const OpStamp& op, const std::string& where, const Abort& abort, FrameHeader* header,
+            const Flip& flip) const;
 
   // Frames sent so far in the latest operation that spec i matched.
   struct FrameCount {

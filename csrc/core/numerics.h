@@ -30,9 +30,15 @@ PYCOMM_HD To bit_cast_(const From& from) {
   return to;
 }
 
-struct Half { uint16_t bits; };
-struct BFloat16 { uint16_t bits; };
-struct Bool8 { uint8_t value; };  // torch.bool: one byte holding 0 or 1
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Bool8 {
+  uint8_t value;
+};  // torch.bool: one byte holding 0 or 1
 
 // The conversions to and from 16- and 8-bit formats compute in 32-bit integers, take and
 // return their codes widened to uint32_t (the code in the low bits), compute every case and
@@ -62,7 +68,8 @@ PYCOMM_HD float float_from_half_bits(uint32_t h) {
   const uint32_t em = h & 0x7fffu;
   const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);
   const uint32_t normal = (em << 13) + 0x38000000u;
-  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f);  // em * 2^-24
+  const uint32_t sub =
+      bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f);  // em * 2^-24
   return bit_cast_<float>(sign | (em >= 0x7c00u ? special : em >= 0x0400u ? normal : sub));
 }
 
@@ -73,33 +80,36 @@ PYCOMM_HD uint32_t bf16_bits_from_float(float f) {
   return (x & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded;
 }
 
-PYCOMM_HD float float_from_bf16_bits(uint32_t b) {
-  return bit_cast_<float>(b << 16);
-}
+PYCOMM_HD float float_from_bf16_bits(uint32_t b) { return bit_cast_<float>(b << 16); }
 
 // Storage type -> accumulation type, and the conversions between them.
-template <class T> struct Numeric {
+template <class T>
+struct Numeric {
   using Acc = T;
   static PYCOMM_HD Acc load(T v) { return v; }
   static PYCOMM_HD T store(Acc v) { return v; }
 };
-template <> struct Numeric<Half> {
+template <>
+struct Numeric<Half> {
   using Acc = float;
   static PYCOMM_HD Acc load(Half v) { return float_from_half_bits(v.bits); }
   static PYCOMM_HD Half store(Acc v) { return Half{static_cast<uint16_t>(half_bits_from_float(v))}; }
 };
-template <> struct Numeric<BFloat16> {
+template <>
+struct Numeric<BFloat16> {
   using Acc = float;
   static PYCOMM_HD Acc load(BFloat16 v) { return float_from_bf16_bits(v.bits); }
   static PYCOMM_HD BFloat16 store(Acc v) { return BFloat16{static_cast<uint16_t>(bf16_bits_from_float(v))}; }
 };
-template <> struct Numeric<Bool8> {
+template <>
+struct Numeric<Bool8> {
   using Acc = uint8_t;
   static PYCOMM_HD Acc load(Bool8 v) { return v.value; }
   static PYCOMM_HD Bool8 store(Acc v) { return Bool8{static_cast<uint8_t>(v != 0)}; }
 };
 
-template <class T> using AccOf = typename Numeric<T>::Acc;
+template <class T>
+using AccOf = typename Numeric<T>::Acc;
 
 // Wrapping integer arithmetic: signed overflow is undefined in C++, unsigned is not.
 template <class A>
@@ -164,7 +174,6 @@ PYCOMM_HD A finalize(A v, int world_size) {
   if constexpr (K == ReduceKind::Avg) return static_cast<A>(v / static_cast<A>(world_size));
   return v;
 }
-
 
 // ---- Exact mode (PYCOMM_DETERMINISTIC=exact) ----
 //
@@ -331,10 +340,8 @@ PYCOMM_HD void binned_add_finite(int8_t& index, double& hi, double& lo, float x)
 }
 
 PYCOMM_HD void binned_add(int8_t& index, double& hi, double& lo, float x) {
-  if (nonfinite_magnitude(magnitude_bits(x)))
-    hi += x;
-  else
-    binned_add_finite(index, hi, lo, x);
+  if (nonfinite_magnitude(magnitude_bits(x))) hi += x;
+  else binned_add_finite(index, hi, lo, x);
 }
 
 // hi + lo rounded to a double by round-to-odd (the exact sum's last bit kept sticky), so
@@ -389,8 +396,8 @@ PYCOMM_HD float float_from_fp8_finite(uint32_t c) {
   const uint32_t sign = (c & 0x80u) << 24;
   const uint32_t em = c & 0x7fu;  // exponent and mantissa
   const uint32_t normal = ((em << (23 - M)) + ((127 - kBias) << 23));
-  const uint32_t sub = bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) *
-                                           bit_cast_<float>((127 + 1 - kBias - M) << 23));
+  const uint32_t sub =
+      bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) * bit_cast_<float>((127 + 1 - kBias - M) << 23));
   return bit_cast_<float>(sign | (em < (1u << M) ? sub : normal));
 }
 
@@ -461,9 +468,7 @@ PYCOMM_HD float block_scale(float amax) {
 }
 
 // 2^-e for the scale 2^e of block_scale (exact).
-PYCOMM_HD float inverse_scale(float scale) {
-  return bit_cast_<float>((254u << 23) - bit_cast_<uint32_t>(scale));
-}
+PYCOMM_HD float inverse_scale(float scale) { return bit_cast_<float>((254u << 23) - bit_cast_<uint32_t>(scale)); }
 
 // Near float32's maximum the nearest code times the scale can exceed it; then finite
 // values saturate one code down instead of coming back infinite. Rounding is monotonic,

@@ -40,8 +40,8 @@ bool Perturbation::parse(const std::string& text, int rank, Spec& spec) {
   const long long only = field(p, ok);
   spec.step = field(p, ok);
   if (!ok || us < 0 || us > 1000000 || *p != '\0')
-    fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_TEST_PERTURB='" + text +
-                                         "' is not <seed>:<max_us>[:<rank>[:<step>]] (max_us <= 1000000)");
+    fail(ErrorKind::InvalidArgument,
+         "pycomm: PYCOMM_TEST_PERTURB='" + text + "' is not <seed>:<max_us>[:<rank>[:<step>]] (max_us <= 1000000)");
   spec.max_us = static_cast<int>(us);
   return only < 0 || only == rank;
 }
@@ -57,7 +57,7 @@ void Perturbation::before_send(uint64_t seq) const {
     const uint64_t in_seq = frames_in_seq_++, frame = frames_++;
     us = spec_.step < 0 ? static_cast<int64_t>(mix(stream_ + frame) % static_cast<uint64_t>(spec_.max_us + 1))
          : static_cast<int64_t>(in_seq) == spec_.step ? spec_.max_us
-                                                       : 0;
+                                                      : 0;
   }
   if (us) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }

@@ -39,7 +39,7 @@ std::vector<std::string> get_all(Store& store, const std::vector<std::string>& k
 // Publishes `mine` under `prefix` for `rank` and returns every rank's value, in rank order,
 // in three requests to the store. A rank that has not published by `deadline` is a Timeout
 // error naming it.
-std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank,
-                                            int size, const std::string& mine, const Deadline& deadline);
+std::vector<std::string> all_gather_strings(Store& store, const std::string& prefix, int rank, int size,
+                                            const std::string& mine, const Deadline& deadline);
 
 }  // namespace pycomm

@@ -33,7 +33,8 @@ std::vector<std::string> names() {
   return out;
 }
 // "invalid <noun> '<text>' (expected a|b|c)" as an InvalidArgument error.
-[[noreturn]] void fail_unknown_name(const char* noun, const std::string& text, const std::vector<std::string>& accepted);
+[[noreturn]] void fail_unknown_name(const char* noun, const std::string& text,
+                                    const std::vector<std::string>& accepted);
 template <class E>
 E parse(const std::string& text) {
   for (const auto& [e, name] : table_of<E>().entries)
@@ -42,12 +43,29 @@ E parse(const std::string& text) {
 }
 
 enum class DataType : uint8_t {
-  Float32, Float64, Float16, BFloat16, Int8, UInt8, Int32, Int64, Bool,
+  Float32,
+  Float64,
+  Float16,
+  BFloat16,
+  Int8,
+  UInt8,
+  Int32,
+  Int64,
+  Bool,
 };
 
 enum class Collective : uint8_t {
-  AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, Gather, Scatter, AllToAll,
-  Send, Recv, Barrier,
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  Gather,
+  Scatter,
+  AllToAll,
+  Send,
+  Recv,
+  Barrier,
 };
 // The classes of collectives the core treats alike.
 bool reduces(Collective c);            // AllReduce, ReduceScatter, Reduce: take a reduce op
@@ -106,24 +124,48 @@ Compression applied_compression(Collective c, DataType t, Compression requested)
 // "p2p", and "p2p-via-host" on device memory (its frames copied between that memory and
 // the host channels' slots).
 enum class Variant : uint8_t {
-  Ring, DirectRing, OneShot, OneShotFlags, TwoShot, Tree, Hierarchical, Direct, Chain, Pairwise, P2P,
-  Dissemination, RecursiveDoubling, RecursiveHalving, Bruck,
+  Ring,
+  DirectRing,
+  OneShot,
+  OneShotFlags,
+  TwoShot,
+  Tree,
+  Hierarchical,
+  Direct,
+  Chain,
+  Pairwise,
+  P2P,
+  Dissemination,
+  RecursiveDoubling,
+  RecursiveHalving,
+  Bruck,
   // pycomm's reductions over a group of another backend (pycomm/layered/): its direct
   // algorithm, the same with every transfer a pairwise send, or with its results gathered
   // across hosts then within them, its hierarchical one (within hosts, then across them),
   // and its one-shot (every rank's whole data in the all-gather each call opens with).
-  LayeredDirect, LayeredPairwise, LayeredDirectHostGather, LayeredHierarchical, LayeredOneShot,
+  LayeredDirect,
+  LayeredPairwise,
+  LayeredDirectHostGather,
+  LayeredHierarchical,
+  LayeredOneShot,
   P2PViaHost,
 };
 
 // Names: "float32", "sum", "allreduce", "fp8_e4m3", "ring", "exact" (what
 // PYCOMM_DETERMINISTIC takes: 0, 1, exact), "direct+ring".
-template <> const EnumTable<DataType>& table_of<DataType>();
-template <> const EnumTable<ReduceKind>& table_of<ReduceKind>();
-template <> const EnumTable<Collective>& table_of<Collective>();
-template <> const EnumTable<Algorithm>& table_of<Algorithm>();
-template <> const EnumTable<Compression>& table_of<Compression>();
-template <> const EnumTable<Determinism>& table_of<Determinism>();
-template <> const EnumTable<Variant>& table_of<Variant>();
+template <>
+const EnumTable<DataType>& table_of<DataType>();
+template <>
+const EnumTable<ReduceKind>& table_of<ReduceKind>();
+template <>
+const EnumTable<Collective>& table_of<Collective>();
+template <>
+const EnumTable<Algorithm>& table_of<Algorithm>();
+template <>
+const EnumTable<Compression>& table_of<Compression>();
+template <>
+const EnumTable<Determinism>& table_of<Determinism>();
+template <>
+const EnumTable<Variant>& table_of<Variant>();
 
 }  // namespace pycomm

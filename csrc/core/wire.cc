@@ -20,15 +20,12 @@ std::string describe(const OpStamp& op) {
     return os.str();
   }
   os << name_of(c) << " #" << op.seq << " (" << name_of(static_cast<DataType>(op.dtype));
-  if (reduces(c))
-    os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
+  if (reduces(c)) os << ", " << name_of(static_cast<ReduceKind>(op.reduce));
   os << ", " << op.count << " elements";
-  if (selects_algorithm(c))
-    os << ", " << name_of(static_cast<Variant>(op.variant));
+  if (selects_algorithm(c)) os << ", " << name_of(static_cast<Variant>(op.variant));
   if (op.compression)
     os << ", " << name_of(static_cast<Compression>(op.compression)) << "/" << (size_t{1} << op.compression_block);
-  if (has_root(c))
-    os << ", root " << op.root;
+  if (has_root(c)) os << ", root " << op.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", tag " << op.root;
   os << ")";
   return os.str();
@@ -66,8 +63,8 @@ void check_well_formed(const FrameHeader& got, const PeerInfo& peer) {
 }
 
 void fail_mismatch(const OpStamp& theirs, const OpStamp& mine, const PeerInfo& peer) {
-  fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(theirs) + " but this rank is in " +
-                                describe(mine) + ": ranks called different collectives or arguments");
+  fail(ErrorKind::Mismatch, peer.describe() + " is in " + describe(theirs) + " but this rank is in " + describe(mine) +
+                                ": ranks called different collectives or arguments");
 }
 
 void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerInfo& peer) {
@@ -78,9 +75,8 @@ void check_frame(const FrameHeader& got, const FrameHeader& expect, const PeerIn
     fail_mismatch(got.op, expect.op, peer);
   }
   if (got.bytes != expect.bytes)
-    fail(ErrorKind::Mismatch, peer.describe() + " sent " + std::to_string(got.bytes) +
-                                  " bytes where " + std::to_string(expect.bytes) +
-                                  " were expected in " + describe(expect.op));
+    fail(ErrorKind::Mismatch, peer.describe() + " sent " + std::to_string(got.bytes) + " bytes where " +
+                                  std::to_string(expect.bytes) + " were expected in " + describe(expect.op));
 }
 
 }  // namespace pycomm

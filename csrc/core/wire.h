@@ -30,10 +30,9 @@ struct OpStamp {
   uint8_t verification = 0;
   uint8_t reserved[4] = {};
   bool operator==(const OpStamp& o) const {
-    return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype &&
-           reduce == o.reduce && variant == o.variant && root == o.root && compression == o.compression &&
-           compression_block == o.compression_block && determinism == o.determinism &&
-           verification == o.verification;
+    return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype && reduce == o.reduce &&
+           variant == o.variant && root == o.root && compression == o.compression &&
+           compression_block == o.compression_block && determinism == o.determinism && verification == o.verification;
   }
 };
 static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");

@@ -266,9 +266,9 @@ void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
   const size_t element = stage == Stage::Partial ? sizeof(float) : sizeof(T);
   for (size_t s = 1; vector && s < seg.parts; ++s) vector = seg.begin(s) * element % 16 == 0;
   const dim3 grid(grid_for(blocks * 32, target.multiprocessors), static_cast<unsigned>(seg.parts));
-  coded_kernel<T, K, Code, kExact><<<grid, kThreads, shared, target.stream>>>(
-      out, t, pairs, spec.block, stage, static_cast<float>(spec.reduction.premul), spec.world_size, quantize_inputs,
-      vector);
+  coded_kernel<T, K, Code, kExact><<<grid, kThreads, shared, target.stream>>>(out, t, pairs, spec.block, stage,
+                                                                              static_cast<float>(spec.reduction.premul),
+                                                                              spec.world_size, quantize_inputs, vector);
 }
 
 }  // namespace coded_kernels

@@ -4,6 +4,6 @@
 namespace pycomm {
 
 template void launch_coded_for<CodeFp8E5M2>(const ReduceSpec&, Stage, void*, const Terms&, const SegmentSlots&,
-                                         const KernelTarget&);
+                                            const KernelTarget&);
 
 }  // namespace pycomm

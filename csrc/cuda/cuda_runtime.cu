@@ -64,8 +64,7 @@ class CudaOps final : public DeviceOps {
     return std::shared_ptr<void>(host, [](void* p) { cudaHostUnregister(p); });
   }
 
-  void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
-                    size_t n) const override {
+  void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n) const override {
     if (n == 0) return;
     CudaDeviceScope scope(device_);
     launch_reduce_terms(spec, stage, out, terms, k, n, target_);
@@ -163,14 +162,14 @@ class CudaRuntime final : public DeviceRuntime {
   std::unique_ptr<SlotArena> make_slot_arena(int index) const override {
     return std::make_unique<CudaSlotArena>(index);
   }
-  void enqueue_reduce_terms(int index, void* stream, const ReduceSpec& spec, Stage stage, void* out,
-                            const Term* terms, int k, size_t n) const override {
+  void enqueue_reduce_terms(int index, void* stream, const ReduceSpec& spec, Stage stage, void* out, const Term* terms,
+                            int k, size_t n) const override {
     if (n == 0) return;
     CudaDeviceScope scope(index);
     launch_reduce_terms(spec, stage, out, terms, k, n, target_of(index, stream));
   }
-  void enqueue_reduce_segments(int index, void* stream, const ReduceSpec& spec, Stage stage, void* plain,
-                               void* slots, const SegmentSlots& pairs) const override {
+  void enqueue_reduce_segments(int index, void* stream, const ReduceSpec& spec, Stage stage, void* plain, void* slots,
+                               const SegmentSlots& pairs) const override {
     CudaDeviceScope scope(index);
     launch_reduce_segments(spec, stage, plain, slots, pairs, target_of(index, stream));
   }

@@ -53,8 +53,8 @@ class CudaTeam final : public DeviceTeam {
       : device_(device),
         arena_(std::move(arena)),
         capacity_(setup.config->cuda_flag_bytes),
-        piece_bytes_(std::max<size_t>(256, std::min(setup.config->cuda_flag_bytes, setup.config->cuda_chunk_bytes) /
-                                                kTeamBlocks & ~size_t{255})),
+        piece_bytes_(std::max<size_t>(
+            256, std::min(setup.config->cuda_flag_bytes, setup.config->cuda_chunk_bytes) / kTeamBlocks & ~size_t{255})),
         slot_bytes_(piece_bytes_ * kTeamBlocks) {
     CudaDeviceScope scope(device_);
     // Owned from here, so that a set-up that fails below (a peer that never publishes,

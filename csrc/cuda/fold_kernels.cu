@@ -4,8 +4,7 @@
 
 namespace pycomm {
 
-void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n,
-                 const KernelTarget& target) {
+void launch_fold(const ReduceSpec& spec, Stage stage, void* out, const Terms& t, size_t n, const KernelTarget& target) {
   if (stage == Stage::Final) launch_fold_for<true>(spec, out, t, n, target);
   else launch_fold_for<false>(spec, out, t, n, target);
 }

@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(kThreads) fold_kernel(void* out, Terms t, size
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t packs = n / V;
   for (size_t p = first; p < packs; p += stride) fold_elements<T, K, kFinal, kExact, V>(out, t, p * V, premul, world);
-  for (size_t e = packs * V + first; e < n; e += stride) fold_elements<T, K, kFinal, kExact, 1>(out, t, e, premul, world);
+  for (size_t e = packs * V + first; e < n; e += stride)
+    fold_elements<T, K, kFinal, kExact, 1>(out, t, e, premul, world);
 }
 
 template <class T, ReduceKind K, bool kFinal, bool kExact>
@@ -30,11 +31,11 @@ void launch_typed(void* out, const Terms& t, size_t n, AccOf<T> premul, int worl
   bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0;
   for (int j = 0; j < t.k; ++j) aligned = aligned && reinterpret_cast<uintptr_t>(t.data[j]) % 16 == 0;
   if (aligned)
-    fold_kernel<T, K, kFinal, kExact, V><<<grid_for(n / V + 1, target.multiprocessors), kThreads, 0, target.stream>>>(
-        out, t, n, premul, world);
+    fold_kernel<T, K, kFinal, kExact, V>
+        <<<grid_for(n / V + 1, target.multiprocessors), kThreads, 0, target.stream>>>(out, t, n, premul, world);
   else
-    fold_kernel<T, K, kFinal, kExact, 1><<<grid_for(n, target.multiprocessors), kThreads, 0, target.stream>>>(
-        out, t, n, premul, world);
+    fold_kernel<T, K, kFinal, kExact, 1>
+        <<<grid_for(n, target.multiprocessors), kThreads, 0, target.stream>>>(out, t, n, premul, world);
 }
 
 }  // namespace fold_kernels

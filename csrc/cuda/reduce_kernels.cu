@@ -3,13 +3,12 @@
 //
 // Bit-equality with the CPU: nvcc must not contract a * b + c into a fused multiply-add
 // (-fmad=false, set by setup.py and the Makefile), and divisions are IEEE (no fast math).
-#include "cuda/reduce_kernels.h"
-
 #include <algorithm>
 #include <string>
 
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
+#include "cuda/reduce_kernels.h"
 
 namespace pycomm {
 
@@ -31,8 +30,8 @@ void launch_reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const T
                          const KernelTarget& target) {
   if (n == 0) return;
   if (k < 1 || k > kMaxDeviceTerms)
-    fail(ErrorKind::InvalidArgument, "pycomm: a CUDA reduction takes 1 to 64 terms (ranks reducing at once), got " +
-                                         std::to_string(k));
+    fail(ErrorKind::InvalidArgument,
+         "pycomm: a CUDA reduction takes 1 to 64 terms (ranks reducing at once), got " + std::to_string(k));
   check_codec_block(spec);
   Terms t{};
   t.k = k;

@@ -1,9 +1,8 @@
 // launch_write_words and launch_judge_stamps (stamp_kernels.h).
-#include "cuda/stamp_kernels.h"
-
 #include <climits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/stamp_kernels.h"
 
 namespace pycomm {
 namespace {
@@ -32,8 +31,9 @@ __global__ void judge_kernel(StampTable t, int64_t* verdict) {
   __syncthreads();
   if (threadIdx.x != 0 || first == ULLONG_MAX || verdict[0] != 0) return;
   const size_t p = first / t.words, f = first % t.words;
-  const int64_t found[kVerdictWords] = {1, static_cast<int64_t>(p), static_cast<int64_t>(f),
-                                        t.rows[p * t.row_stride + f], t.mine[f], t.mine[1], t.mine[2]};
+  const int64_t found[kVerdictWords] = {
+      1,        static_cast<int64_t>(p), static_cast<int64_t>(f), t.rows[p * t.row_stride + f], t.mine[f], t.mine[1],
+      t.mine[2]};
   for (int w = 1; w < kVerdictWords; ++w) verdict[w] = found[w];
   __threadfence_system();
   verdict[0] = found[0];

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
     team_allreduce_kernel(TeamCall call, const T* in, T* out, size_t n, AccOf<T> premul, int world, bool in_aligned,
                           bool out_aligned) {
   const DeviceMemory memory;
-  const TeamBlock<DeviceMemory> block{memory,        call.flags,        call.rank,    call.slots[0].k,
+  const TeamBlock<DeviceMemory> block{memory,          call.flags,   call.rank,       call.slots[0].k,
                                       int(blockIdx.x), call.control, memory.now_ns(), call.budget_ns};
   const TeamPieces pieces{n, call.piece_bytes / sizeof(T), kTeamBlocks};
   BlockLanes<T, K, kExact, V> lanes{call, in, out, pieces, premul, world, in_aligned, out_aligned};

@@ -335,9 +335,12 @@ struct Fp8Lanes {
   // fewer, or infinite; NaN is 0x7fc00000.
   static constexpr uint32_t kExactScales = (kBias + M) << 23;
 };
-template <class V> Fp16Lanes<V> lanes_of(const CodeFp16*);
-template <class V> Bf16Lanes<V> lanes_of(const CodeBf16*);
-template <class V, int E, int M, uint32_t kInf> Fp8Lanes<V, E, M, kInf> lanes_of(const CodeFp8<E, M, kInf>*);
+template <class V>
+Fp16Lanes<V> lanes_of(const CodeFp16*);
+template <class V>
+Bf16Lanes<V> lanes_of(const CodeBf16*);
+template <class V, int E, int M, uint32_t kInf>
+Fp8Lanes<V, E, M, kInf> lanes_of(const CodeFp8<E, M, kInf>*);
 
 // CodecRuns' contract on V's lanes.
 template <class V, class Code, class T>
@@ -446,9 +449,7 @@ struct VectorRuns {
   // block_may_overflow, which is false below 2^127: a code exceeds the value it rounds by
   // less than a quarter (every format has 2 mantissa bits or more), and float32's largest
   // value is nearly 2^128.
-  static bool may_overflow(const Scaling& s) {
-    return s.amax >= 0x1p127f && block_may_overflow<Code>(s.amax, s.scale);
-  }
+  static bool may_overflow(const Scaling& s) { return s.amax >= 0x1p127f && block_may_overflow<Code>(s.amax, s.scale); }
 };
 
 template <class Code, class T>
@@ -481,8 +482,10 @@ struct Avx512Runs {
 bool cpu_has(Path path) {
   __builtin_cpu_init();  // for a call before the constructors have run
   switch (path) {
-    case Path::Scalar: return true;
-    case Path::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case Path::Scalar:
+      return true;
+    case Path::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case Path::Avx512:
       return cpu_has(Path::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
@@ -526,9 +529,8 @@ const CodecRuns<T>& runs_of(Path path) {
 template <class T>
 const CodecRuns<T>& codec_runs(Compression codec) {
   const Path path = path_in_use().load(std::memory_order_relaxed);
-  return dispatch_codec(codec, [path](auto code) -> const CodecRuns<T>& {
-    return runs_of<typename decltype(code)::type, T>(path);
-  });
+  return dispatch_codec(
+      codec, [path](auto code) -> const CodecRuns<T>& { return runs_of<typename decltype(code)::type, T>(path); });
 }
 template const CodecRuns<float>& codec_runs(Compression);
 template const CodecRuns<Half>& codec_runs(Compression);

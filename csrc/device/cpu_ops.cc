@@ -117,7 +117,7 @@ void exact_sum(const float* const* rows, int k, size_t m, float* out) {
   // exactly, so rows go two at a time (half the traffic on `sum`).
   int j = 0;
   for (; j + 1 < k; j += 2) {
-    const float *__restrict a = rows[j], *__restrict b = rows[j + 1];
+    const float* __restrict a = rows[j], * __restrict b = rows[j + 1];
     for (size_t i = 0; i < m; ++i) sum[i] += exact_grid_steps(a[i], up[i]) + exact_grid_steps(b[i], up[i]);
   }
   if (j < k) {
@@ -235,8 +235,12 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         }
         break;
       }
-      case Form::Partial: std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float)); break;
-      case Form::Encoded: values_runs.decode(static_cast<const char*>(t.data) + b * stride, dst, m, block); break;
+      case Form::Partial:
+        std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float));
+        break;
+      case Form::Encoded:
+        values_runs.decode(static_cast<const char*>(t.data) + b * stride, dst, m, block);
+        break;
     }
   };
   for (size_t b = 0, base = 0; base < n; ++b, base += block) {
@@ -258,14 +262,18 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
       if (stage == Stage::Final || stage == Stage::FinalEncoded)
         for (size_t i = 0; i < m; ++i) acc[i] = finalize<K>(acc[i], spec.world_size);
     switch (stage) {
-      case Stage::Partial: std::memcpy(static_cast<float*>(out) + base, acc, m * sizeof(float)); break;
+      case Stage::Partial:
+        std::memcpy(static_cast<float*>(out) + base, acc, m * sizeof(float));
+        break;
       case Stage::Final: {
         T* o = static_cast<T*>(out) + base;
         for (size_t i = 0; i < m; ++i) o[i] = N::store(acc[i]);
         break;
       }
       case Stage::Encoded:
-      case Stage::FinalEncoded: values_runs.encode(acc, static_cast<char*>(out) + b * stride, m, block); break;
+      case Stage::FinalEncoded:
+        values_runs.encode(acc, static_cast<char*>(out) + b * stride, m, block);
+        break;
     }
   }
 }
@@ -336,8 +344,7 @@ class CpuOps final : public DeviceOps {
     return hash_blocks(bytes, [&](size_t at, size_t) { return static_cast<const unsigned char*>(data) + at; });
   }
 
-  void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k,
-                    size_t n) const override {
+  void reduce_terms(const ReduceSpec& spec, Stage stage, void* out, const Term* terms, int k, size_t n) const override {
     if (n == 0) return;
     dispatch_dtype(spec.dtype, [&](auto type) {
       using T = typename decltype(type)::type;

@@ -90,8 +90,7 @@ class DeviceOps {
   virtual uint64_t hash(const void* data, size_t bytes) const;
 
   // out = contribution(local) (+) incoming; `incoming` null: the contribution alone.
-  void reduce(const ReduceSpec& spec, Stage stage, void* out, const void* local, const void* incoming,
-              size_t n) const {
+  void reduce(const ReduceSpec& spec, Stage stage, void* out, const void* local, const void* incoming, size_t n) const {
     const Term terms[2] = {{local, Form::Input}, {incoming, Form::Partial}};
     reduce_terms(spec, stage, out, terms, incoming ? 2 : 1, n);
   }

@@ -28,13 +28,21 @@ Request hash_exchange() {
 
 }  // namespace
 
-Communicator::Communicator(Store& store, int rank, int size, std::string group_name,
-                           std::chrono::milliseconds timeout, Config config)
-    : rank_(rank), size_(size), group_name_(std::move(group_name)), store_(&store), timeout_(timeout),
-      config_(std::move(config)), sends_to_(size, 0), recvs_from_(size, 0), receiving_(new std::mutex[size]),
+Communicator::Communicator(Store& store, int rank, int size, std::string group_name, std::chrono::milliseconds timeout,
+                           Config config)
+    : rank_(rank),
+      size_(size),
+      group_name_(std::move(group_name)),
+      store_(&store),
+      timeout_(timeout),
+      config_(std::move(config)),
+      sends_to_(size, 0),
+      recvs_from_(size, 0),
+      receiving_(new std::mutex[size]),
       recorder_(config_.flight_recorder_entries, config_.verify_every) {
   if (size < 1 || rank < 0 || rank >= size)
-    fail(ErrorKind::InvalidArgument, "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
+    fail(ErrorKind::InvalidArgument,
+         "pycomm: rank " + std::to_string(rank) + " outside a group of " + std::to_string(size));
   // Parsed before the store is touched, so that a malformed spec leaves nothing behind.
   const std::vector<FaultSpec> faults = FaultInjector::parse(config_.fault);
   // Distinct instances of a group that reuse one store (re-initialisation in the same
@@ -57,7 +65,6 @@ Communicator::~Communicator() {
   // A later transport may ring a doorbell that lives in an earlier one's memory.
   while (!transports_.empty()) transports_.pop_back();
 }
-
 
 Context Communicator::context() const {
   Context cx;
@@ -99,11 +106,10 @@ Plan Communicator::plan(const Request& rq, size_t device_team_bytes) const {
   // The rest of the input (topology, chunk, costs) is fixed for the group's life.
   const auto same = [&](const PlanInput& a) {
     const CallOptions &o = a.options, &p = in.options;
-    return a.collective == in.collective && a.dtype == in.dtype && a.bytes == in.bytes &&
-           o.algorithm == p.algorithm && o.compression == p.compression &&
-           o.compression_block == p.compression_block && o.determinism == p.determinism &&
-           a.device_memory == in.device_memory && a.device_team_bytes == in.device_team_bytes &&
-           a.from_any_source == in.from_any_source;
+    return a.collective == in.collective && a.dtype == in.dtype && a.bytes == in.bytes && o.algorithm == p.algorithm &&
+           o.compression == p.compression && o.compression_block == p.compression_block &&
+           o.determinism == p.determinism && a.device_memory == in.device_memory &&
+           a.device_team_bytes == in.device_team_bytes && a.from_any_source == in.from_any_source;
   };
   std::lock_guard<std::mutex> lock(plan_memo_mutex_);
   if (!plan_memo_ || !same(plan_memo_->in)) plan_memo_ = PlanMemo{in, make_plan(in)};
@@ -118,7 +124,10 @@ std::string Communicator::describe_transports() const {
     first_transport = false;
     bool first = true;
     for (int p = 0; p < size_; ++p)
-      if (t->channel(p)) { os << (first ? "" : ",") << p; first = false; }
+      if (t->channel(p)) {
+        os << (first ? "" : ",") << p;
+        first = false;
+      }
   }
   return transports_.empty() ? "no peers" : os.str();
 }
@@ -131,12 +140,14 @@ void Communicator::validate(Request& rq) const {
     rq.reduction = normalized(rq.dtype, rq.reduction);
   }
   if (has_root(rq.collective) && (rq.root < 0 || rq.root >= size_))
-    bad(std::string(name) + ": root " + std::to_string(rq.root) + " is not a rank of this group of " + std::to_string(size_));
+    bad(std::string(name) + ": root " + std::to_string(rq.root) + " is not a rank of this group of " +
+        std::to_string(size_));
   const bool any_source = rq.collective == Collective::Recv && rq.root == kAnySource;
   if (any_source && size_ < 2) bad("recv from any source in a group of one rank: no rank could send");
   if ((rq.collective == Collective::Send || rq.collective == Collective::Recv) && !any_source &&
       (rq.root < 0 || rq.root >= size_ || rq.root == rank_))
-    bad(std::string(name) + ": peer " + std::to_string(rq.root) + " is not another rank of this group of " + std::to_string(size_));
+    bad(std::string(name) + ": peer " + std::to_string(rq.root) + " is not another rank of this group of " +
+        std::to_string(size_));
   if (rq.collective == Collective::AllToAll &&
       (rq.send_counts.size() != static_cast<size_t>(size_) || rq.recv_counts.size() != static_cast<size_t>(size_)))
     bad("alltoall: split sizes must list one count per rank");
@@ -179,14 +190,17 @@ uint64_t operation_bytes(const Request& rq, int size) {
     case Collective::ReduceScatter:
     case Collective::AllGather:
     case Collective::Gather:
-    case Collective::Scatter: return rq.count * es * static_cast<uint64_t>(size);
+    case Collective::Scatter:
+      return rq.count * es * static_cast<uint64_t>(size);
     case Collective::AllToAll: {
       uint64_t n = 0;
       for (size_t c : rq.send_counts) n += c;
       return n * es;
     }
-    case Collective::Barrier: return 0;
-    default: return rq.count * es;
+    case Collective::Barrier:
+      return 0;
+    default:
+      return rq.count * es;
   }
 }
 
@@ -194,16 +208,20 @@ uint64_t operation_bytes(const Request& rq, int size) {
 uint64_t output_bytes(const Request& rq, int rank, int size) {
   const uint64_t es = element_size(rq.dtype);
   switch (rq.collective) {
-    case Collective::AllGather: return rq.count * es * static_cast<uint64_t>(size);
-    case Collective::Gather: return rank == rq.root ? rq.count * es * static_cast<uint64_t>(size) : 0;
+    case Collective::AllGather:
+      return rq.count * es * static_cast<uint64_t>(size);
+    case Collective::Gather:
+      return rank == rq.root ? rq.count * es * static_cast<uint64_t>(size) : 0;
     case Collective::AllToAll: {
       uint64_t n = 0;
       for (size_t c : rq.recv_counts) n += c;
       return n * es;
     }
     case Collective::Send:
-    case Collective::Barrier: return 0;
-    default: return rq.count * es;
+    case Collective::Barrier:
+      return 0;
+    default:
+      return rq.count * es;
   }
 }
 
@@ -247,8 +265,8 @@ std::string disagreement(const std::vector<int64_t>& hashes) {
     return what + ": the result" + (others.size() == 1 ? " of " : "s of ") + ranks(others) +
            (others.size() == 1 ? " differs" : " differ") + " from the majority's (" + ranks(sets[0]) + ")";
   }
-  std::string out = what + ", with no majority: " + ranks(sets[0]) + (sets[0].size() == 1 ? " holds" : " hold") +
-                    " one result";
+  std::string out =
+      what + ", with no majority: " + ranks(sets[0]) + (sets[0].size() == 1 ? " holds" : " hold") + " one result";
   for (size_t i = 1; i < sets.size(); ++i) out += ", " + ranks(sets[i]) + " another";
   return out;
 }
@@ -315,7 +333,8 @@ int Communicator::await_sender(const Context& cx, int tag, std::unique_lock<std:
     }
     if (cx.deadline.expired())
       fail(ErrorKind::Timeout, "timed out waiting for a send with tag " + std::to_string(tag) + " from any rank");
-    armed.wait(std::min(std::chrono::milliseconds(kLivenessSlice), cx.deadline.remaining() + std::chrono::milliseconds(1)));
+    armed.wait(
+        std::min(std::chrono::milliseconds(kLivenessSlice), cx.deadline.remaining() + std::chrono::milliseconds(1)));
   }
 }
 
@@ -329,8 +348,8 @@ int Communicator::match(Context& recv, int tag, std::unique_lock<std::mutex>& he
 void Communicator::fail_poisoned(const std::string& operation) {
   std::lock_guard<std::mutex> lock(poison_mutex_);
   if (!poison_.empty())
-    fail(ErrorKind::PeerFailure, "pycomm: " + operation + " on group '" + group_name_ +
-                                     "' not started: the group failed earlier: " + poison_);
+    fail(ErrorKind::PeerFailure,
+         "pycomm: " + operation + " on group '" + group_name_ + "' not started: the group failed earlier: " + poison_);
 }
 
 Plan Communicator::execute(const Request& rq, const Plan* planned) {
@@ -362,14 +381,14 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
       use_device(cx, rq);
     } catch (const Error& e) {
       const std::string what = "pycomm: " + std::string(name_of(rq.collective)) + " on group '" + group_name_ +
-                               "' failed on rank " + std::to_string(rank_) + ": setting up cuda:" +
-                               std::to_string(rq.device) + ": " + e.what();
+                               "' failed on rank " + std::to_string(rank_) +
+                               ": setting up cuda:" + std::to_string(rq.device) + ": " + e.what();
       abort(what);
       throw Error(e.kind(), what);
     }
   }
-  const Plan plan = planned && rq.device < 0 ? *planned
-                                             : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
+  const Plan plan =
+      planned && rq.device < 0 ? *planned : this->plan(rq, cx.device_team ? cx.device_team->capacity() : 0);
   cx.stamp = stamp_for(rq, plan);
   if (poisoned()) fail_poisoned(describe(cx.stamp));
   if (rq.stream && plan.variant != Variant::OneShotFlags)
@@ -377,7 +396,8 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
          "pycomm: " + describe(cx.stamp) + " on cuda:" + std::to_string(rq.device) +
              " cannot be enqueued on the caller's stream (a CUDA graph being captured): only all-reduces that the "
              "group's device team runs can (ranks of one host mapping each other's CUDA memory, uncompressed, at most "
-             "PYCOMM_CUDA_FLAG_BYTES); this one runs " + name_of(plan.variant));
+             "PYCOMM_CUDA_FLAG_BYTES); this one runs " +
+             name_of(plan.variant));
   // Every rank counts the same calls in the same order, so all verify the same ones. A
   // call enqueued on the caller's stream has no result yet to verify: counted, not verified.
   const bool verifying = config_.verify_every && identical_on_every_rank(rq.collective) &&
@@ -399,7 +419,8 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
     std::string what = "pycomm: " + describe(cx.stamp) + " on group '" + group_name_ + "' failed on rank " +
                        std::to_string(rank_) + ": " + e.what();
     if (e.kind() == ErrorKind::Timeout)
-      what += " within its timeout of " + std::to_string((rq.timeout.count() > 0 ? rq.timeout : timeout_).count()) + " ms";
+      what +=
+          " within its timeout of " + std::to_string((rq.timeout.count() > 0 ? rq.timeout : timeout_).count()) + " ms";
     recorder_.end(record, what);
     // Results that differ poison the group as any failure does: some rank's are wrong, and
     // so would be all that is computed from them (the job must go back to a checkpoint, or
@@ -426,9 +447,9 @@ Plan Communicator::execute(const Request& rq, const Plan* planned) {
       line << (plan.fallback.empty() ? (rq.options.algorithm == Algorithm::Auto ? "selected" : "requested")
                                      : plan.fallback + ", using " + name_of(plan.algorithm))
            << ", ";
-    line << bytes << " B, algorithm " << name_of(plan.variant) << ", compression "
-         << name_of(rq.options.compression) << ", determinism " << name_of(rq.options.determinism) << ", "
-         << (verifying ? "verified, " : "") << std::fixed << std::setprecision(1) << us << " us";
+    line << bytes << " B, algorithm " << name_of(plan.variant) << ", compression " << name_of(rq.options.compression)
+         << ", determinism " << name_of(rq.options.determinism) << ", " << (verifying ? "verified, " : "") << std::fixed
+         << std::setprecision(1) << us << " us";
     log_line(line.str());
   }
   return plan;

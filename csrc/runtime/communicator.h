@@ -6,22 +6,22 @@
 #pragma once
 
 #include <atomic>
-#include <optional>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/p2p.h"
-#include "core/doorbell.h"
 #include "core/config.h"
-#include "runtime/recorder.h"
-#include "runtime/plan.h"
-#include "core/topology.h"
+#include "core/doorbell.h"
 #include "core/store.h"
+#include "core/topology.h"
+#include "runtime/plan.h"
+#include "runtime/recorder.h"
 #include "transport/transport.h"
 
 namespace pycomm {
@@ -39,8 +39,8 @@ class Communicator final : private SenderMatch {
   // Rendezvous through `store` (keys private to this group); blocks until every rank of
   // the group has connected, or throws. `store` must outlive the communicator: the first
   // collective on a CUDA device's memory sets up that device's channels through it.
-  Communicator(Store& store, int rank, int size, std::string group_name,
-               std::chrono::milliseconds timeout, Config config);
+  Communicator(Store& store, int rank, int size, std::string group_name, std::chrono::milliseconds timeout,
+               Config config);
   ~Communicator();
 
   int rank() const { return rank_; }

@@ -67,12 +67,10 @@ Communicator::DevicePath& Communicator::device_path(int device) {
              std::to_string(device) + ": " + std::to_string(setup.peers.size()) + " peers over " +
              (path->ipc ? path->ipc->name() : "-") + ", " + std::to_string(path->staged.size()) +
              " staged through host memory, chunk " + std::to_string(path->chunk_bytes) + " B" +
-             (path->team ? ", flag-synchronized one-shot up to " + std::to_string(path->team->capacity()) + " B"
-                         : ""));
+             (path->team ? ", flag-synchronized one-shot up to " + std::to_string(path->team->capacity()) + " B" : ""));
   std::lock_guard<std::mutex> lock(devices_mutex_);
   return *devices_.emplace(device, std::move(path)).first->second;
 }
-
 
 // Which peers' device memory this rank maps, and they its, so that their frames can go
 // over CUDA IPC: the ranks of this host, where both devices let a process map the other's
@@ -121,8 +119,8 @@ std::vector<int> Communicator::mapped_peers(const DeviceRuntime& runtime, int de
         continue;
       }
       staged += (staged.empty() ? "" : ", ") + std::to_string(a) + "-" + std::to_string(b);
-      if (reason.empty()) reason = answers[a].size() > static_cast<size_t>(size_) ? answers[a].substr(size_)
-                                                                                  : answers[b].substr(size_);
+      if (reason.empty())
+        reason = answers[a].size() > static_cast<size_t>(size_) ? answers[a].substr(size_) : answers[b].substr(size_);
     }
   if (!staged.empty()) {
     any_staged = true;

@@ -35,9 +35,7 @@ void judge_stamps(const StampTable& t, int64_t* verdict) {
 
 const DeviceRuntime& device_runtime() {
   const DeviceRuntime* r = registered.load();
-  if (!r)
-    fail(ErrorKind::InvalidArgument,
-         std::string("pycomm: ") + kNoCudaBuild);
+  if (!r) fail(ErrorKind::InvalidArgument, std::string("pycomm: ") + kNoCudaBuild);
   return *r;
 }
 

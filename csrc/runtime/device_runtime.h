@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "transport/transport.h"
 #include "device/device_ops.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 

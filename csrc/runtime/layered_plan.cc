@@ -111,10 +111,10 @@ std::vector<LayeredPlan> layered_candidates(const LayeredPlanInput& in, const Li
   // sends, and neither copies.
   const double a2a_out = L * (n - L) / n * W;
   const bool pairwise = in.pairwise_mover && !in.device_memory && n > 1;
-  std::vector<LayeredPlan> candidates = {planned(
-      pairwise ? Variant::LayeredPairwise : Variant::LayeredDirect,
-      N > 1 ? (a2a_out + (pairwise ? a2a_out : (n - 1) / n * W)) / links.inter.bytes_per_us : 0,
-      host_us(0, 2 * (L - 1) / n * W), all_reduce ? 2 : 1, direct_units)};
+  std::vector<LayeredPlan> candidates = {
+      planned(pairwise ? Variant::LayeredPairwise : Variant::LayeredDirect,
+              N > 1 ? (a2a_out + (pairwise ? a2a_out : (n - 1) / n * W)) / links.inter.bytes_per_us : 0,
+              host_us(0, 2 * (L - 1) / n * W), all_reduce ? 2 : 1, direct_units)};
   // The same results gathered in two levels: among the ranks of each local index across
   // hosts ((N-1)/N W out of each host), then within the host ((L-1)/L W to each rank). The
   // gather moves encoded bytes only, so the bits are the direct algorithm's in every mode.
@@ -157,8 +157,9 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
   const bool of_the_path = asked == Algorithm::Auto || asked == Algorithm::OneShot || asked == Algorithm::TwoShot ||
                            asked == Algorithm::Hierarchical;
   const std::string not_of_the_path =
-      of_the_path ? "" : std::string(name_of(asked)) +
-                             " is not an algorithm of the layered path (oneshot, twoshot, hierarchical, auto)";
+      of_the_path ? ""
+                  : std::string(name_of(asked)) +
+                        " is not an algorithm of the layered path (oneshot, twoshot, hierarchical, auto)";
   // One collective, the opening all-gather every call makes anyway: cheaper than any other
   // variant's two or more, and the same bits as the direct ones.
   if (in.topology->world() > 1 && oneshot_bytes(in) <= in.oneshot_capacity && asked != Algorithm::TwoShot &&
@@ -176,8 +177,8 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
   // Hierarchical or direct (the bits) at the reference links; which direct variant and how
   // many parts (the same bits) at the measured ones.
   const bool hierarchical_by_reference =
-      hierarchical_ok && cheapest(layered_candidates(in, in.costs.links, true), false).variant ==
-                             Variant::LayeredHierarchical;
+      hierarchical_ok &&
+      cheapest(layered_candidates(in, in.costs.links, true), false).variant == Variant::LayeredHierarchical;
   LayeredPlan chosen;
   switch (asked) {
     case Algorithm::Auto:
@@ -187,9 +188,10 @@ LayeredPlan plan_layered(const LayeredPlanInput& in) {
     case Algorithm::OneShot:
       chosen = cheapest(candidates, true);
       chosen.fallback = "oneshot cannot serve this call (" +
-                        (in.topology->world() > 1 ? "its data does not fit the opening's " +
-                                                        std::to_string(in.oneshot_capacity) + " bytes"
-                                                  : std::string("one rank opens with nothing")) + ")";
+                        (in.topology->world() > 1
+                             ? "its data does not fit the opening's " + std::to_string(in.oneshot_capacity) + " bytes"
+                             : std::string("one rank opens with nothing")) +
+                        ")";
       return chosen;
     case Algorithm::Hierarchical:
       if (hierarchical_ok) return candidates.back();

@@ -44,7 +44,10 @@ void Communicator::calibrate(Store& store, const std::string& prefix) {
       int a = -1, b = -1;
       for (int i = 0; i < size_ && a < 0; ++i)
         for (int j = i + 1; j < size_ && a < 0; ++j)
-          if ((topology_.node_of[i] == topology_.node_of[j]) == (cls == 0)) { a = i; b = j; }
+          if ((topology_.node_of[i] == topology_.node_of[j]) == (cls == 0)) {
+            a = i;
+            b = j;
+          }
       if (a < 0) continue;  // no such link: the class does not matter
       const std::string key = prefix + "/linkcost/" + names[cls];
       Context cx = context();

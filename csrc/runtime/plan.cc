@@ -71,8 +71,8 @@ struct Sizes {
     W = B;
     if (in.options.compression != Compression::None) {
       const double count = B / static_cast<double>(element_size(in.dtype));
-      W = static_cast<double>(encoded_bytes(in.options.compression, in.options.compression_block,
-                                            static_cast<size_t>(count)));
+      W = static_cast<double>(
+          encoded_bytes(in.options.compression, in.options.compression_block, static_cast<size_t>(count)));
     }
     chunk = in.chunk_bytes;
   }
@@ -288,9 +288,7 @@ bool ordered_or_coded(const PlanInput& in, std::string*) { return coded(in) || o
 bool fits_device_team(const PlanInput& in, std::string*) {
   return !coded(in) && in.device_memory && in.bytes <= in.device_team_bytes;
 }
-bool tree_applies(const PlanInput& in, std::string* why) {
-  return !ordered(in) || say(why, kPartialSumsTravel);
-}
+bool tree_applies(const PlanInput& in, std::string* why) { return !ordered(in) || say(why, kPartialSumsTravel); }
 // Measured on one host, 4 ranks, 4 KiB: over shared memory the one-shot, whose frames all
 // arrive at once, takes 0.8x recursive doubling's time; over TCP, where each frame costs
 // its receiver a few system calls, recursive doubling takes 0.8x the one-shot's.
@@ -413,9 +411,8 @@ bool plan_family(Algorithm a, const PlanInput& in, Plan* out, std::string* why) 
     return true;
   }
   if (!known)
-    return say(why, selects_algorithm(in.collective)
-                        ? std::string(name_of(a)) + " serves allreduce only"
-                        : std::string(name_of(in.collective)) + " has a single algorithm");
+    return say(why, selects_algorithm(in.collective) ? std::string(name_of(a)) + " serves allreduce only"
+                                                     : std::string(name_of(in.collective)) + " has a single algorithm");
   return say(why, first_reason.empty() ? std::string(name_of(a)) + " cannot serve this call" : first_reason);
 }
 
@@ -438,7 +435,8 @@ Plan make_plan(const PlanInput& in) {
     return p;
   }
   double best = INFINITY;
-  for (Algorithm a : {Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {
+  for (Algorithm a :
+       {Algorithm::TwoShot, Algorithm::OneShot, Algorithm::Ring, Algorithm::Tree, Algorithm::Hierarchical}) {
     Plan candidate;
     if (plan_family(a, in, &candidate) && candidate.predicted_us < best) {
       best = candidate.predicted_us;

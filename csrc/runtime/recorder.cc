@@ -31,9 +31,12 @@ void json_string(std::ostream& os, const std::string& s) {
 
 const char* state_name(OpState s) {
   switch (s) {
-    case OpState::Running: return "running";
-    case OpState::Completed: return "completed";
-    case OpState::Failed: return "failed";
+    case OpState::Running:
+      return "running";
+    case OpState::Completed:
+      return "completed";
+    case OpState::Failed:
+      return "failed";
   }
   return "?";
 }
@@ -41,12 +44,10 @@ const char* state_name(OpState s) {
 void record_json(std::ostream& os, const OpRecord& r, std::chrono::steady_clock::time_point now) {
   const OpStamp& s = r.stamp;
   const auto c = static_cast<Collective>(s.collective);
-  const double us = r.state == OpState::Running
-                        ? std::chrono::duration<double, std::micro>(now - r.start).count()
-                        : r.duration_us;
-  os << "{\"id\": " << r.id << ", \"collective\": \"" << name_of(c) << "\", \"seq\": " << s.seq
-     << ", \"dtype\": \"" << name_of(static_cast<DataType>(s.dtype)) << "\", \"count\": " << s.count
-     << ", \"bytes\": " << r.bytes;
+  const double us =
+      r.state == OpState::Running ? std::chrono::duration<double, std::micro>(now - r.start).count() : r.duration_us;
+  os << "{\"id\": " << r.id << ", \"collective\": \"" << name_of(c) << "\", \"seq\": " << s.seq << ", \"dtype\": \""
+     << name_of(static_cast<DataType>(s.dtype)) << "\", \"count\": " << s.count << ", \"bytes\": " << r.bytes;
   if (reduces(c)) os << ", \"reduce_op\": \"" << name_of(static_cast<ReduceKind>(s.reduce)) << '"';
   if (has_root(c)) os << ", \"root\": " << s.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", \"tag\": " << s.root;
@@ -76,7 +77,8 @@ int64_t unix_us_now() {
 
 }  // namespace
 
-uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device, std::chrono::steady_clock::time_point start) {
+uint64_t Recorder::begin(const OpStamp& stamp, uint64_t bytes, int device,
+                         std::chrono::steady_clock::time_point start) {
   OpRecord r;
   r.stamp = stamp;
   r.bytes = bytes;
@@ -147,8 +149,8 @@ std::string Recorder::stats_json(const Who& who, const Setup& setup) const {
     } else {
       os << ", ";
     }
-    os << '"' << name_of(static_cast<Variant>(key.second)) << "\": {\"calls\": " << t.calls << ", \"failures\": " << t.failures
-       << ", \"bytes\": " << t.bytes << ", \"time_s\": " << t.seconds << '}';
+    os << '"' << name_of(static_cast<Variant>(key.second)) << "\": {\"calls\": " << t.calls
+       << ", \"failures\": " << t.failures << ", \"bytes\": " << t.bytes << ", \"time_s\": " << t.seconds << '}';
   }
   os << (open_collective < 0 ? "" : "}") << "}, \"verify\": {\"every\": " << verify_every_
      << ", \"verified\": " << verified_ << ", \"mismatches\": " << mismatches_ << "}, \"last\": ";

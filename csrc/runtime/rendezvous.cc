@@ -42,7 +42,10 @@ std::string random_secret() {
     fail(ErrorKind::Internal, errno_message("pycomm: getrandom"));
   std::string hex;
   char b[3];
-  for (unsigned char c : raw) { std::snprintf(b, sizeof b, "%02x", c); hex += b; }
+  for (unsigned char c : raw) {
+    std::snprintf(b, sizeof b, "%02x", c);
+    hex += b;
+  }
   return hex;
 }
 
@@ -59,7 +62,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 constexpr char kItemSep = '\x1e';
 std::string shared_knobs(const Config& c) {
   std::string out;
-  for (const auto& [name, value] : c.same_on_every_rank) out += (out.empty() ? "" : std::string(1, kItemSep)) + name + "=" + value;
+  for (const auto& [name, value] : c.same_on_every_rank)
+    out += (out.empty() ? "" : std::string(1, kItemSep)) + name + "=" + value;
   return out;
 }
 
@@ -111,8 +115,7 @@ std::string Communicator::start_up_disagreements(Store& store, const std::string
     const std::string rank = "rank " + std::to_string(r);
     const int64_t claims = store.add(prefix + "/claims/" + std::to_string(r), 0);  // 0: not arrived
     const int64_t size = store.add(prefix + "/size/" + std::to_string(r), 0);
-    if (claims > 1)
-      found += "; " + rank + " was claimed by " + std::to_string(claims) + " processes";
+    if (claims > 1) found += "; " + rank + " was claimed by " + std::to_string(claims) + " processes";
     else if (claims == 1 && size != size_)
       found += "; " + rank + " was started with world size " + std::to_string(size) + ", this rank with " +
                std::to_string(size_);
@@ -125,8 +128,9 @@ void Communicator::connect(Store& store, const std::string& prefix) {
   // fails at once; the others time out below, and the diagnosis names the duplicate.
   store.add(prefix + "/size/" + std::to_string(rank_), size_);
   if (store.add(prefix + "/claims/" + std::to_string(rank_), 1) > 1)
-    fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': another process already joined as rank " +
-                                         std::to_string(rank_) + " (every process needs a rank of its own)");
+    fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ +
+                                         "': another process already joined as rank " + std::to_string(rank_) +
+                                         " (every process needs a rank of its own)");
   std::ostringstream mine;
   mine << getpid() << kSep << hostname() << kSep << host_key() << kSep << shared_knobs(config_) << kSep << size_;
   std::vector<std::string> all;
@@ -230,19 +234,18 @@ void Communicator::connect(Store& store, const std::string& prefix) {
     log_line("pycomm: group '" + group_name_ + "': " + shm_fallback_);
   if (config_.log_level >= LogLevel::Info) {
     std::ostringstream os;
-    os << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node "
-       << ranks_[rank_].node << ": " << describe_transports() << ", chunk " << chunk_bytes_
-       << " B, spin " << spin_us << " us; link costs intra " << costs_.intra.latency_us << " us + "
-       << costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << costs_.inter.latency_us << " us + "
-       << costs_.inter.bytes_per_us / 1e3 << " GB/s (reference: intra " << reference_costs_.intra.latency_us
-       << " us + " << reference_costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << reference_costs_.inter.latency_us
-       << " us + " << reference_costs_.inter.bytes_per_us / 1e3 << " GB/s)";
+    os << "pycomm: group '" << group_name_ << "' rank " << rank_ << "/" << size_ << " node " << ranks_[rank_].node
+       << ": " << describe_transports() << ", chunk " << chunk_bytes_ << " B, spin " << spin_us
+       << " us; link costs intra " << costs_.intra.latency_us << " us + " << costs_.intra.bytes_per_us / 1e3
+       << " GB/s, inter " << costs_.inter.latency_us << " us + " << costs_.inter.bytes_per_us / 1e3
+       << " GB/s (reference: intra " << reference_costs_.intra.latency_us << " us + "
+       << reference_costs_.intra.bytes_per_us / 1e3 << " GB/s, inter " << reference_costs_.inter.latency_us << " us + "
+       << reference_costs_.inter.bytes_per_us / 1e3 << " GB/s)";
     if (config_.verify_every)
       os << "; verifying 1 in " << config_.verify_every << " all-reduces, all-gathers and broadcasts (PYCOMM_VERIFY)";
     log_line(os.str());
   }
 }
-
 
 // A /dev/shm may lack room for the group's rings (Docker's default is 64 MiB; 16 ranks
 // take 240 MiB at the default chunk). Every rank with shared-memory peers reserves its
@@ -259,8 +262,7 @@ std::unique_ptr<ShmSegment> Communicator::fit_shared_memory(Store& store, const 
   constexpr size_t kMinShmChunkBytes = 16 << 10;
   bool group_uses_shm = false;
   for (const PeerInfo& p : ranks_)
-    for (const PeerInfo& q : ranks_)
-      group_uses_shm |= p.rank != q.rank && p.shares_host_with(q) && p.node == q.node;
+    for (const PeerInfo& q : ranks_) group_uses_shm |= p.rank != q.rank && p.shares_host_with(q) && p.node == q.node;
   shm_chunk_bytes_ = 0;
   if (!group_uses_shm || config_.transport == TransportChoice::Tcp) return nullptr;
   // What the segments of this rank's host take at `chunk`: a ring per node peer each.
@@ -275,8 +277,9 @@ std::unique_ptr<ShmSegment> Communicator::fit_shared_memory(Store& store, const 
     }
     return bytes;
   };
-  const std::string advice = "; raise the size of /dev/shm (docker run --shm-size, say) or lower "
-                             "PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH";
+  const std::string advice =
+      "; raise the size of /dev/shm (docker run --shm-size, say) or lower "
+      "PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH";
   std::string first_shortage;
   for (size_t chunk = config_.shm_chunk_bytes, attempt = 0;; chunk /= 2, ++attempt) {
     setup.peers = shm_peers;
@@ -307,9 +310,9 @@ std::unique_ptr<ShmSegment> Communicator::fit_shared_memory(Store& store, const 
     if (chunk / 2 >= kMinShmChunkBytes) continue;
     if (config_.transport == TransportChoice::Shm)
       fail(ErrorKind::InvalidArgument, "pycomm: creating group '" + group_name_ + "': shared memory has no room for " +
-                                           "rings of " + std::to_string(chunk) + "-byte slots (" + short_on + ") nor of " +
-                                           std::to_string(config_.shm_chunk_bytes) + " (" + first_shortage +
-                                           "), and PYCOMM_TRANSPORT=shm rules out TCP" + advice);
+                                           "rings of " + std::to_string(chunk) + "-byte slots (" + short_on +
+                                           ") nor of " + std::to_string(config_.shm_chunk_bytes) + " (" +
+                                           first_shortage + "), and PYCOMM_TRANSPORT=shm rules out TCP" + advice);
     shm_fallback_ = "shared memory has no room for the group's rings (" + first_shortage +
                     "): TCP on loopback between the ranks of a node instead" + advice;
     tcp_peers.insert(tcp_peers.end(), shm_peers.begin(), shm_peers.end());

@@ -41,8 +41,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -137,7 +137,7 @@ void remove_orphaned_segments() {
   while (dirent* e = readdir(dir)) {
     int pid = 0;
     if (std::sscanf(e->d_name, "pycomm-%d-", &pid) != 1 || pid <= 0) continue;
-    struct stat st {};
+    struct stat st{};
     const std::string path = std::string("/dev/shm/") + e->d_name;
     if (stat(path.c_str(), &st) == 0 && st.st_uid == geteuid() && !process_exists(pid))
       shm_unlink((std::string("/") + e->d_name).c_str());
@@ -151,7 +151,10 @@ std::string random_hex(size_t bytes) {
     fail(ErrorKind::Internal, errno_message("pycomm: getrandom"));
   static const char* digits = "0123456789abcdef";
   std::string s;
-  for (unsigned char c : buf) { s += digits[c >> 4]; s += digits[c & 15]; }
+  for (unsigned char c : buf) {
+    s += digits[c >> 4];
+    s += digits[c & 15];
+  }
   return s;
 }
 
@@ -195,21 +198,20 @@ std::unique_ptr<OwnSegment> create_segment(const Layout& layout, int rank, std::
     while (error == EINTR);
     if (error == ENOSPC) {
       close(fd);
-      struct statvfs fs {};
+      struct statvfs fs{};
       const double free_bytes = statvfs("/dev/shm", &fs) == 0 ? static_cast<double>(fs.f_bavail) * fs.f_frsize : 0;
       shortage = "/dev/shm has " + mebibytes(free_bytes) + " free, rank " + std::to_string(rank) + " needed " +
                  mebibytes(own.bytes);
       return nullptr;  // ~Mapping unlinks the name
     }
-    if (error == 0)
-      own.base = static_cast<char*>(mmap(nullptr, own.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (error == 0) own.base = static_cast<char*>(mmap(nullptr, own.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     const int saved = error ? error : errno;
     close(fd);
     if (error || own.base == MAP_FAILED) {
       own.base = nullptr;
       errno = saved;
-      fail(ErrorKind::Internal, errno_message("pycomm: cannot allocate or map " + std::to_string(own.bytes) +
-                                              " bytes of shared memory"));
+      fail(ErrorKind::Internal,
+           errno_message("pycomm: cannot allocate or map " + std::to_string(own.bytes) + " bytes of shared memory"));
     }
     break;
   }
@@ -233,20 +235,28 @@ struct Payloads {
 
 class ShmChannel final : public Channel {
  public:
-  ShmChannel(ShmTransport* t, const PeerInfo& peer, const Layout& layout, Mapping* mine,
-             size_t out_ring, Payloads out, Mapping* theirs, size_t in_ring, Payloads in)
-      : transport_(t), peer_(peer), layout_(layout), mine_(mine), theirs_(theirs),
-        out_(layout.control(mine->base, out_ring)), in_(layout.control(theirs->base, in_ring)),
-        out_ring_(out_ring), in_ring_(in_ring), out_payloads_(out), in_payloads_(in), watch_(peer.pid),
+  ShmChannel(ShmTransport* t, const PeerInfo& peer, const Layout& layout, Mapping* mine, size_t out_ring, Payloads out,
+             Mapping* theirs, size_t in_ring, Payloads in)
+      : transport_(t),
+        peer_(peer),
+        layout_(layout),
+        mine_(mine),
+        theirs_(theirs),
+        out_(layout.control(mine->base, out_ring)),
+        in_(layout.control(theirs->base, in_ring)),
+        out_ring_(out_ring),
+        in_ring_(in_ring),
+        out_payloads_(out),
+        in_payloads_(in),
+        watch_(peer.pid),
         peer_doorbell_(&theirs->header()->doorbell) {}
 
   const PeerInfo& peer_info() const override { return peer_; }
   size_t chunk_bytes() const override { return layout_.chunk_bytes; }
 
   void* begin_send(const Deadline& deadline) override {
-    wait_for(out_->head, out_->sender_sleeping, deadline, "free a slot for", [&] {
-      return sent_ - out_->head.load(std::memory_order_acquire) < layout_.depth;
-    });
+    wait_for(out_->head, out_->sender_sleeping, deadline, "free a slot for",
+             [&] { return sent_ - out_->head.load(std::memory_order_acquire) < layout_.depth; });
     tsan_acquire(out_payload(sent_));
     return out_payload(sent_);
   }
@@ -261,9 +271,8 @@ class ShmChannel final : public Channel {
   }
 
   const void* begin_recv_next(FrameHeader& got, const Deadline& deadline) override {
-    wait_for(in_->tail, in_->receiver_sleeping, deadline, "receive from", [&] {
-      return in_->tail.load(std::memory_order_acquire) != received_;
-    });
+    wait_for(in_->tail, in_->receiver_sleeping, deadline, "receive from",
+             [&] { return in_->tail.load(std::memory_order_acquire) != received_; });
     std::memcpy(&got, layout_.slot(theirs_->base, in_ring_, received_), sizeof got);
     tsan_acquire(in_payload(received_));
     return in_payload(received_);
@@ -293,11 +302,15 @@ class ShmChannel final : public Channel {
   }
 
  private:
-  char* out_payload(uint32_t frame) const { return out_payloads_.base + (frame % layout_.depth) * out_payloads_.stride; }
-  const char* in_payload(uint32_t frame) const { return in_payloads_.base + (frame % layout_.depth) * in_payloads_.stride; }
+  char* out_payload(uint32_t frame) const {
+    return out_payloads_.base + (frame % layout_.depth) * out_payloads_.stride;
+  }
+  const char* in_payload(uint32_t frame) const {
+    return in_payloads_.base + (frame % layout_.depth) * in_payloads_.stride;
+  }
   template <class Ready>
-  void wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                const Deadline& deadline, const char* what, Ready ready);
+  void wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, const Deadline& deadline,
+                const char* what, Ready ready);
   void check_alive(const Deadline& deadline, const char* what);
 
   ShmTransport* transport_;
@@ -318,7 +331,9 @@ class ShmChannel final : public Channel {
 class ShmTransport final : public Transport {
  public:
   ShmTransport(const TransportSetup& s, std::unique_ptr<ShmSegment> segment, std::unique_ptr<SlotArena> arena)
-      : spin_(s.spin), arena_(std::move(arena)), layout_(Layout::of(s, arena_ != nullptr)),
+      : spin_(s.spin),
+        arena_(std::move(arena)),
+        layout_(Layout::of(s, arena_ != nullptr)),
         own_segment_(take_or_create(std::move(segment), s.rank)) {
     std::vector<int> clique = s.peers;
     clique.push_back(s.rank);
@@ -332,7 +347,9 @@ class ShmTransport final : public Transport {
       }
       fail(ErrorKind::Internal, "pycomm: shm ring index");
     };
-    const auto key = [&](const char* what, int rank) { return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank); };
+    const auto key = [&](const char* what, int rank) {
+      return s.key_prefix + "/shm/" + what + "/" + std::to_string(rank);
+    };
     // Every peer's value of `what`, in s.peers order.
     const auto from_peers = [&](const char* what) {
       std::vector<std::string> keys;
@@ -363,8 +380,9 @@ class ShmTransport final : public Transport {
     channels_.resize(s.size);
     for (int p : s.peers) {
       const size_t out = index_in(s.rank, p), in = index_in(p, s.rank);
-      channels_[p] = std::make_unique<ShmChannel>(this, s.ranks[p], layout_, &own_, out, payloads(own_.base, out, arena_ ? arena_->base() : nullptr),
-                                                  peers_.at(p).get(), in, payloads(peers_.at(p)->base, in, arena_ ? peer_arenas.at(p) : nullptr));
+      channels_[p] = std::make_unique<ShmChannel>(
+          this, s.ranks[p], layout_, &own_, out, payloads(own_.base, out, arena_ ? arena_->base() : nullptr),
+          peers_.at(p).get(), in, payloads(peers_.at(p)->base, in, arena_ ? peer_arenas.at(p) : nullptr));
     }
   }
 
@@ -415,8 +433,7 @@ class ShmTransport final : public Transport {
   void check_aborted(const Mapping& peer_segment, const PeerInfo& peer) const {
     check_open();
     if (peer_segment.header()->aborted.load(std::memory_order_acquire) == 1)
-      fail(ErrorKind::PeerFailure,
-           peer.describe() + " aborted: " + std::string(peer_segment.header()->reason));
+      fail(ErrorKind::PeerFailure, peer.describe() + " aborted: " + std::string(peer_segment.header()->reason));
   }
   const SpinPolicy& spin() const { return spin_; }
 
@@ -425,15 +442,17 @@ class ShmTransport final : public Transport {
     if (name.rfind("/pycomm-", 0) != 0 || name.find('/', 1) != std::string::npos)
       fail(ErrorKind::Mismatch, "pycomm: rank " + std::to_string(peer) + " published an invalid segment name");
     const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) fail(ErrorKind::PeerFailure, errno_message("pycomm: cannot open shared memory of rank " + std::to_string(peer)));
-    struct stat st {};
+    if (fd < 0)
+      fail(ErrorKind::PeerFailure, errno_message("pycomm: cannot open shared memory of rank " + std::to_string(peer)));
+    struct stat st{};
     const bool sized = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == layout_.total();
     if (sized) m.base = static_cast<char*>(mmap(nullptr, layout_.total(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     close(fd);
     if (!sized || m.base == MAP_FAILED) {
       m.base = nullptr;
-      fail(ErrorKind::Mismatch, "pycomm: shared memory of rank " + std::to_string(peer) +
-                                    " has an unexpected size (PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH differ between ranks?)");
+      fail(ErrorKind::Mismatch,
+           "pycomm: shared memory of rank " + std::to_string(peer) +
+               " has an unexpected size (PYCOMM_SHM_CHUNK_BYTES or PYCOMM_PIPELINE_DEPTH differ between ranks?)");
     }
     m.bytes = layout_.total();
     const SegmentHeader* h = m.header();
@@ -466,8 +485,8 @@ class ShmTransport final : public Transport {
 };
 
 template <class Ready>
-void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping,
-                          const Deadline& deadline, const char* what, Ready ready) {
+void ShmChannel::wait_for(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, const Deadline& deadline,
+                          const char* what, Ready ready) {
   // Aborted, every wait fails, even one that would not block (as over TCP): abort() must
   // stop every thread of this rank, whatever the peers have already sent. A peer's abort
   // is seen below, once its frames sent before are consumed (as over TCP).

@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "transport/transport.h"
 #include "device/device_ops.h"
+#include "transport/transport.h"
 
 namespace pycomm {
 namespace {
@@ -22,7 +22,9 @@ namespace {
 class StagedChannel final : public Channel {
  public:
   StagedChannel(Channel& host, const DeviceOps& ops)
-      : host_(host), ops_(ops), send_slot_(ops.allocate(host.chunk_bytes())),
+      : host_(host),
+        ops_(ops),
+        send_slot_(ops.allocate(host.chunk_bytes())),
         recv_slot_(ops.allocate(host.chunk_bytes())) {
     for (const Channel::Memory& m : host.slot_memory()) pinned_.push_back(ops.pin(m.data, m.bytes));
   }

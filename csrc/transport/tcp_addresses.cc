@@ -21,8 +21,7 @@ std::string ipv4_text(const in_addr& a) {
 in_addr listen_address(const TransportSetup& s) {
   in_addr loopback{};
   loopback.s_addr = htonl(INADDR_LOOPBACK);
-  if (std::all_of(s.peers.begin(), s.peers.end(),
-                  [&](int p) { return s.ranks[p].shares_host_with(s.ranks[s.rank]); }))
+  if (std::all_of(s.peers.begin(), s.peers.end(), [&](int p) { return s.ranks[p].shares_host_with(s.ranks[s.rank]); }))
     return loopback;
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) fail(ErrorKind::Internal, errno_message("pycomm: getifaddrs"));
@@ -36,8 +35,7 @@ in_addr listen_address(const TransportSetup& s) {
     if (!wanted.empty()) {
       if (by_address ? a.s_addr != wanted_address.s_addr : wanted != i->ifa_name) continue;
       if (!(i->ifa_flags & IFF_UP))
-        fail(ErrorKind::InvalidArgument,
-             "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted + ": the interface is down");
+        fail(ErrorKind::InvalidArgument, "pycomm: PYCOMM_SOCKET_IFNAME=" + wanted + ": the interface is down");
       return a;
     }
     if ((i->ifa_flags & IFF_UP) && !(i->ifa_flags & IFF_LOOPBACK)) return a;
@@ -51,8 +49,7 @@ in_addr listen_address(const TransportSetup& s) {
 
 std::optional<sockaddr_in> parse_address(const std::string& text) {
   const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= text.size() || text.size() - colon > 6)
-    return std::nullopt;
+  if (colon == std::string::npos || colon + 1 >= text.size() || text.size() - colon > 6) return std::nullopt;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   if (inet_pton(AF_INET, text.substr(0, colon).c_str(), &a.sin_addr) != 1) return std::nullopt;

@@ -31,9 +31,15 @@ Slots allocate_slots(size_t bytes) {
 }  // namespace
 
 TcpChannel::TcpChannel(TcpTransport* t, const PeerInfo& peer, bool same_host, size_t chunk, size_t depth)
-    : t_(t), peer_(peer), same_host_(same_host), chunk_(chunk), depth_(depth),
-      out_mem_(allocate_slots(chunk * depth)), in_mem_(allocate_slots(chunk * depth)),
-      out_hdr_(depth), in_hdr_(depth) {}
+    : t_(t),
+      peer_(peer),
+      same_host_(same_host),
+      chunk_(chunk),
+      depth_(depth),
+      out_mem_(allocate_slots(chunk * depth)),
+      in_mem_(allocate_slots(chunk * depth)),
+      out_hdr_(depth),
+      in_hdr_(depth) {}
 
 void TcpChannel::throw_if_failed(bool sending) const {
   if (t_->aborted()) fail(ErrorKind::PeerFailure, t_->abort_reason());
@@ -109,15 +115,14 @@ void TcpChannel::wait(Lock& lk, const Deadline& deadline, const char* what, bool
 void TcpChannel::await_free_slot_locked(Lock& lk, const Deadline& deadline) {
   // A send fails on any failure, even with a free slot: the frame could never arrive.
   want_connection_locked();
-  wait(lk, deadline, "send to", true, [&] {
-    return error_.empty() && send_error_.empty() && committed_ - written_ < depth_;
-  });
+  wait(lk, deadline, "send to", true,
+       [&] { return error_.empty() && send_error_.empty() && committed_ - written_ < depth_; });
 }
 
 FrameHeader& TcpChannel::stamp_next_header_locked(const FrameHeader& header) {
   if (header.bytes > chunk_)
-    fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) +
-                                  " bytes exceeds the TCP chunk of " + std::to_string(chunk_));
+    fail(ErrorKind::Internal, "pycomm: frame of " + std::to_string(header.bytes) + " bytes exceeds the TCP chunk of " +
+                                  std::to_string(chunk_));
   FrameHeader& h = out_hdr_[committed_ % depth_];
   h = header;
   h.magic = kFrameMagic;

@@ -154,8 +154,8 @@ void TcpChannel::peer_closed(uint32_t events) {
     int err = 0;
     socklen_t len = sizeof err;
     if (getsockopt(sock_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
-    return fail_locked(ErrorKind::PeerFailure, "connection to " + peer_.describe() + " lost: " +
-                                                   (err ? std::strerror(err) : "closed"));
+    return fail_locked(ErrorKind::PeerFailure,
+                       "connection to " + peer_.describe() + " lost: " + (err ? std::strerror(err) : "closed"));
   }
   // Only a half-close: the frames queued before it stay readable, but nothing sent to the
   // peer will be read any more.

@@ -17,6 +17,8 @@
 // once besides kSpareHandshakes strangers', so a stranger can neither take a peer's place
 // nor stop the group from forming. Connects, accepts and handshakes all progress together
 // in one poll() loop: set-up's, then the I/O thread's.
+#include "transport/tcp_mesh.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,7 +33,6 @@
 
 #include "core/error.h"
 #include "transport/tcp_addresses.h"
-#include "transport/tcp_mesh.h"
 #include "transport/tcp_wire.h"
 
 namespace pycomm {
@@ -61,7 +62,11 @@ void set_nodelay(int fd) {
 class Mesh::Impl {
  public:
   explicit Impl(const TransportSetup& s)
-      : s_(s), peer_(s.size, 0), claimed_(s.size, 0), connected_(s.size, 0), outgoing_of_(s.size, -1),
+      : s_(s),
+        peer_(s.size, 0),
+        claimed_(s.size, 0),
+        connected_(s.size, 0),
+        outgoing_of_(s.size, -1),
         max_handshakes_(s.peers.size() + kSpareHandshakes) {
     if (s.secret.size() > kMaxSecret)
       fail(ErrorKind::InvalidArgument,
@@ -210,8 +215,7 @@ class Mesh::Impl {
     a.sin_port = 0;
     if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       fail(ErrorKind::Internal, errno_message("pycomm: cannot bind a TCP listener to " + ipv4_text(addr)));
-    if (::listen(listener_.get(), SOMAXCONN) != 0)
-      fail(ErrorKind::Internal, errno_message("pycomm: listen"));
+    if (::listen(listener_.get(), SOMAXCONN) != 0) fail(ErrorKind::Internal, errno_message("pycomm: listen"));
     socklen_t len = sizeof a;
     if (::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
       fail(ErrorKind::Internal, errno_message("pycomm: getsockname"));
@@ -267,12 +271,9 @@ class Mesh::Impl {
     o.fd = new_socket();
     set_nodelay(o.fd.get());
     o.off = 0;
-    if (::connect(o.fd.get(), reinterpret_cast<const sockaddr*>(&o.addr), sizeof o.addr) == 0)
-      o.phase = Phase::Sending;
-    else if (errno == EINPROGRESS)
-      o.phase = Phase::Connecting;
-    else if (!gone(o, errno))
-      retry_later(o, errno_message("connect"));
+    if (::connect(o.fd.get(), reinterpret_cast<const sockaddr*>(&o.addr), sizeof o.addr) == 0) o.phase = Phase::Sending;
+    else if (errno == EINPROGRESS) o.phase = Phase::Connecting;
+    else if (!gone(o, errno)) retry_later(o, errno_message("connect"));
   }
   void progress_outgoing(Outgoing& o) {
     if (o.phase == Phase::Connecting) {
@@ -286,8 +287,8 @@ class Mesh::Impl {
       o.phase = Phase::Sending;
     }
     if (o.phase == Phase::Sending) {
-      const ssize_t n = ::send(o.fd.get(), reinterpret_cast<char*>(&o.hello) + o.off,
-                               sizeof o.hello - o.off, MSG_NOSIGNAL);
+      const ssize_t n =
+          ::send(o.fd.get(), reinterpret_cast<char*>(&o.hello) + o.off, sizeof o.hello - o.off, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) retry_later(o, errno_message("send"));
         return;
@@ -301,8 +302,9 @@ class Mesh::Impl {
     if (o.phase == Phase::Receiving) {
       const ssize_t n = ::recv(o.fd.get(), o.reply + o.off, sizeof o.reply - o.off, 0);
       if (n == 0)
-        return retry_later(o, "the peer closed the connection during the handshake "
-                              "(wrong secret, or a different pycomm version?)");
+        return retry_later(o,
+                           "the peer closed the connection during the handshake "
+                           "(wrong secret, or a different pycomm version?)");
       if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) retry_later(o, errno_message("recv"));
         return;
@@ -317,8 +319,7 @@ class Mesh::Impl {
         return;
       }
       const DecodedHello ack = decode_hello(o.reply, o.off, kAckMagic, s_.rank, s_.secret);
-      if (ack.error || ack.message.from_rank != o.peer)
-        return retry_later(o, "invalid handshake reply");
+      if (ack.error || ack.message.from_rank != o.peer) return retry_later(o, "invalid handshake reply");
       connected(o.peer, std::move(o.fd));
       o.phase = Phase::Done;
     }
@@ -381,8 +382,7 @@ class Mesh::Impl {
       }
     }
     if (i.phase == Phase::Sending) {
-      const ssize_t n = ::send(i.fd.get(), reinterpret_cast<char*>(&i.ack) + i.off,
-                               sizeof i.ack - i.off, MSG_NOSIGNAL);
+      const ssize_t n = ::send(i.fd.get(), reinterpret_cast<char*>(&i.ack) + i.off, sizeof i.ack - i.off, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) drop(i);
         return;

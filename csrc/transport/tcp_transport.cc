@@ -1,5 +1,7 @@
 // The TCP transport itself (tcp_transport.h): set-up, abort, shutdown, and the queue of
 // channels for the I/O thread to visit.
+#include "transport/tcp_transport.h"
+
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "transport/tcp_transport.h"
 
 namespace pycomm {
 namespace tcp {
@@ -22,8 +23,7 @@ constexpr size_t kMaxDrain = size_t{64} << 20;  // unread input dropped before c
 
 }  // namespace
 
-TcpTransport::TcpTransport(const TransportSetup& s)
-    : spin_(s.spin), doorbell_(s.doorbell), linger_(s.linger) {
+TcpTransport::TcpTransport(const TransportSetup& s) : spin_(s.spin), doorbell_(s.doorbell), linger_(s.linger) {
   validate(s);
   wake_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   abort_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -32,9 +32,9 @@ TcpTransport::TcpTransport(const TransportSetup& s)
   if (!epoll_fd_) fail(ErrorKind::Internal, errno_message("pycomm: epoll_create1"));
   channels_.resize(s.size);
   for (int p : s.peers)
-    channels_[p] = std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].shares_host_with(s.ranks[s.rank]),
-                                                s.config->tcp_chunk_bytes,
-                                                static_cast<size_t>(s.config->pipeline_depth));
+    channels_[p] =
+        std::make_unique<TcpChannel>(this, s.ranks[p], s.ranks[p].shares_host_with(s.ranks[s.rank]),
+                                     s.config->tcp_chunk_bytes, static_cast<size_t>(s.config->pipeline_depth));
   mesh_ = std::make_unique<Mesh>(s, eager_peers(s));
   attach_connected();
   io_ = std::thread([this] { io_main(); });

@@ -143,7 +143,8 @@ size_t shm_segment_bytes(const TransportSetup& setup);
 // `segment`: from reserve_shm_segment(setup); null: made here, an InvalidArgument error
 // where it does not fit. `payloads`: slot payloads in device memory (see SlotArena; then
 // `segment` must be null); null: in the shared segment.
-std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup, std::unique_ptr<ShmSegment> segment = nullptr,
+std::unique_ptr<Transport> make_shm_transport(const TransportSetup& setup,
+                                              std::unique_ptr<ShmSegment> segment = nullptr,
                                               std::unique_ptr<SlotArena> payloads = nullptr);
 std::unique_ptr<Transport> make_tcp_transport(const TransportSetup& setup);
 

@@ -40,7 +40,8 @@ class FileStore final : public pycomm::Store {
 
   int64_t add(const std::string& key, int64_t delta) override {
     const int fd = ::open((path(key) + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) pycomm::fail(pycomm::ErrorKind::Internal, "FileStore: cannot lock '" + key + "'");
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0)
+      pycomm::fail(pycomm::ErrorKind::Internal, "FileStore: cannot lock '" + key + "'");
     const std::string old = check(key) ? read(key) : "";
     const int64_t v = (old.empty() ? 0 : std::stoll(old)) + delta;
     set(key, std::to_string(v));

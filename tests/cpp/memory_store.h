@@ -18,8 +18,7 @@ namespace pycomm_test {
 
 class MemoryStore final : public pycomm::Store {
  public:
-  explicit MemoryStore(std::chrono::milliseconds timeout = std::chrono::seconds(30))
-      : timeout_(timeout) {}
+  explicit MemoryStore(std::chrono::milliseconds timeout = std::chrono::seconds(30)) : timeout_(timeout) {}
 
   void set(const std::string& key, const std::string& value) override {
     ++requests_;

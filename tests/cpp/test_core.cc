@@ -12,15 +12,14 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/communicator.h"
+#include "check.h"
 #include "core/numerics.h"
 #include "core/perturbation.h"
 #include "device/device_ops.h"
-#include "check.h"
+#include "runtime/communicator.h"
 #include "world.h"
 
 using namespace pycomm;
-
 
 static void test_half_and_bf16() {
   // Every binary16 value survives half -> float -> half; NaN stays NaN.
@@ -30,12 +29,23 @@ static void test_half_and_bf16() {
     const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
     CHECK(nan ? (back & 0x7c00) == 0x7c00 && (back & 0x3ff) : back == h, "half 0x%04x -> 0x%04x", h, back);
   }
-  struct { float in; uint16_t half; } cases[] = {
-      {1.0f, 0x3c00}, {1.0f + 1.0f / 2048, 0x3c00} /* tie -> even */, {1.0f + 3.0f / 2048, 0x3c02},
-      {65504.0f, 0x7bff}, {65519.0f, 0x7bff}, {65520.0f, 0x7c00} /* rounds to Inf */, {-1e9f, 0xfc00},
-      {5.9604645e-8f, 0x0001} /* smallest subnormal */, {2.9e-8f, 0x0000}, {-0.0f, 0x8000},
+  struct {
+    float in;
+    uint16_t half;
+  } cases[] = {
+      {1.0f, 0x3c00},
+      {1.0f + 1.0f / 2048, 0x3c00} /* tie -> even */,
+      {1.0f + 3.0f / 2048, 0x3c02},
+      {65504.0f, 0x7bff},
+      {65519.0f, 0x7bff},
+      {65520.0f, 0x7c00} /* rounds to Inf */,
+      {-1e9f, 0xfc00},
+      {5.9604645e-8f, 0x0001} /* smallest subnormal */,
+      {2.9e-8f, 0x0000},
+      {-0.0f, 0x8000},
   };
-  for (auto c : cases) CHECK(half_bits_from_float(c.in) == c.half, "half(%g) = 0x%04x", c.in, half_bits_from_float(c.in));
+  for (auto c : cases)
+    CHECK(half_bits_from_float(c.in) == c.half, "half(%g) = 0x%04x", c.in, half_bits_from_float(c.in));
   CHECK(bf16_bits_from_float(1.0f + 1.0f / 256) == 0x3f80, "bf16 tie to even");
   CHECK(bf16_bits_from_float(1.0f + 3.0f / 256) == 0x3f82, "bf16 round up");
   CHECK(bf16_bits_from_float(std::nanf("")) == 0x7fc0, "bf16 NaN");
@@ -73,8 +83,8 @@ static void test_hash() {
     void reduce_terms(const ReduceSpec&, Stage, void*, const Term*, int, size_t) const override {}
   } copying;
   const size_t mib = size_t{1} << 20;
-  for (size_t n : {size_t{0}, size_t{1}, size_t{8}, size_t{255}, size_t{256}, size_t{4099}, mib, mib + 8,
-                   3 * mib + 5}) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{8}, size_t{255}, size_t{256}, size_t{4099}, mib, mib + 8, 3 * mib + 5}) {
     std::vector<unsigned char> b(n);
     for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(i * 131 + (i >> 8) * 7);
     const uint64_t h = cpu_ops().hash(b.data(), n);
@@ -106,10 +116,17 @@ static float value(int rank, size_t i) { return static_cast<float>((i * 7 + rank
 static void test_collectives(int n, TransportChoice transport) {
   const size_t count = 3001;  // odd, not divisible by 2..4, several chunks of 4 KiB
   with_world(n, transport, [&](int r, Communicator& comm) {
-    auto run = [&](Request rq) { comm.validate(rq); comm.execute(rq); };
+    auto run = [&](Request rq) {
+      comm.validate(rq);
+      comm.execute(rq);
+    };
     std::vector<float> mine(count * n), out(count * n);
     for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, i);
-    auto sum_at = [&](size_t i) { float s = 0; for (int p = 0; p < n; ++p) s += value(p, i); return s; };
+    auto sum_at = [&](size_t i) {
+      float s = 0;
+      for (int p = 0; p < n; ++p) s += value(p, i);
+      return s;
+    };
 
     Request ar;  // in-place all-reduce
     ar.collective = Collective::AllReduce;
@@ -159,7 +176,10 @@ static void test_collectives(int n, TransportChoice transport) {
 
     Request a2a;  // rank r sends p+1 elements to every rank p
     a2a.collective = Collective::AllToAll;
-    for (int p = 0; p < n; ++p) { a2a.send_counts.push_back(p + 1); a2a.recv_counts.push_back(r + 1); }
+    for (int p = 0; p < n; ++p) {
+      a2a.send_counts.push_back(p + 1);
+      a2a.recv_counts.push_back(r + 1);
+    }
     std::vector<float> a2a_in, a2a_out(n * (r + 1));
     for (int p = 0; p < n; ++p)
       for (int i = 0; i <= p; ++i) a2a_in.push_back(100.0f * r + p);
@@ -179,7 +199,13 @@ static void test_collectives(int n, TransportChoice transport) {
       v.root = (r + n - 1) % n;
       v.output = out.data();
       v.count = count;
-      if (r % 2 == 0) { run(s); run(v); } else { run(v); run(s); }
+      if (r % 2 == 0) {
+        run(s);
+        run(v);
+      } else {
+        run(v);
+        run(s);
+      }
       for (size_t i = 0; i < count; ++i) CHECK(out[i] == value((r + n - 1) % n, i), "send/recv");
 
       // Rank 0 receives every other rank's message (several frames) from any source.
@@ -219,7 +245,11 @@ static void test_mismatch_is_reported() {
     rq.count = buf.size();
     comm.validate(rq);
     bool raised = false;
-    try { comm.execute(rq); } catch (const Error& e) { raised = e.kind() == ErrorKind::Mismatch || e.kind() == ErrorKind::PeerFailure; }
+    try {
+      comm.execute(rq);
+    } catch (const Error& e) {
+      raised = e.kind() == ErrorKind::Mismatch || e.kind() == ErrorKind::PeerFailure;
+    }
     CHECK(raised, "rank %d: count mismatch not reported", r);
   });
 }
@@ -296,9 +326,9 @@ static void test_exact_sums() {
   const std::vector<float> reference = sum({0, 1, 2, 3, 4, 5}, 0);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t got = bit_cast_<uint32_t>(reference[i]);
-    const bool ok = std::isnan(expected[i]) ? got == 0x7fc00000u
-                                            : std::isinf(expected[i]) ? reference[i] == expected[i]
-                                                                      : std::fabs(reference[i] - expected[i]) <= tolerance[i];
+    const bool ok = std::isnan(expected[i])   ? got == 0x7fc00000u
+                    : std::isinf(expected[i]) ? reference[i] == expected[i]
+                                              : std::fabs(reference[i] - expected[i]) <= tolerance[i];
     CHECK(ok, "exact sum of element %zu: %g (0x%08x), expected %g", i, reference[i], got, expected[i]);
   }
   for (auto order : {std::vector<int>{5, 4, 3, 2, 1, 0}, std::vector<int>{2, 0, 5, 1, 3, 4}})
@@ -318,8 +348,8 @@ static void test_creation_store_requests() {
     with_world(store, sizes[i], [](Config& c) { c.transport = TransportChoice::Tcp; }, [](int, Communicator&) {});
     per_rank[i] = static_cast<double>(store.requests()) / sizes[i];
   }
-  std::printf("store requests per rank to create a group of 4, 8, 16 ranks: %.2f %.2f %.2f\n", per_rank[0],
-              per_rank[1], per_rank[2]);
+  std::printf("store requests per rank to create a group of 4, 8, 16 ranks: %.2f %.2f %.2f\n", per_rank[0], per_rank[1],
+              per_rank[2]);
   CHECK(per_rank[2] <= per_rank[0] + 0.5 && per_rank[2] <= 16, "store requests per rank grow with the world size");
 }
 
@@ -331,7 +361,11 @@ static void test_perturbation_spec() {
   CHECK(Perturbation::parse("0:5000:3:1", 3, spec) && spec.max_us == 5000 && spec.step == 1, "0:5000:3:1");
   for (const char* bad : {"7", "x:1", "7:", "7:-1", "7:2000000", "7:40:", "7:40:1:", "7:40:1:2:3", "7:40:a"}) {
     bool raised = false;
-    try { Perturbation::parse(bad, 0, spec); } catch (const Error& e) { raised = e.kind() == ErrorKind::InvalidArgument; }
+    try {
+      Perturbation::parse(bad, 0, spec);
+    } catch (const Error& e) {
+      raised = e.kind() == ErrorKind::InvalidArgument;
+    }
     CHECK(raised, "PYCOMM_TEST_PERTURB='%s' accepted", bad);
   }
 }

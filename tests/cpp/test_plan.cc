@@ -5,11 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/plan.h"
 #include "check.h"
+#include "runtime/plan.h"
 
 using namespace pycomm;
-
 
 // `nodes` nodes of `per_node` ranks, numbered node by node.
 static Topology uniform(int nodes, int per_node) {
@@ -75,8 +74,7 @@ static void test_auto_choices() {
   const Topology one = uniform(1, 4), pair = uniform(1, 2), two = uniform(2, 2);
   // One host: small messages take one step, large ones the least traffic per rank.
   CHECK(std::string(chosen(input(one, 4096))) == "oneshot", "4 KiB on one node: %s", chosen(input(one, 4096)));
-  CHECK(std::string(chosen(input(one, 64 << 20))) == "twoshot", "64 MiB on one node: %s",
-        chosen(input(one, 64 << 20)));
+  CHECK(std::string(chosen(input(one, 64 << 20))) == "twoshot", "64 MiB on one node: %s", chosen(input(one, 64 << 20)));
   // Two ranks: one step while latency dominates, the least memory traffic for large ones.
   CHECK(std::string(chosen(input(pair, 64 << 20))) == "twoshot", "64 MiB on two ranks: %s",
         chosen(input(pair, 64 << 20)));
@@ -86,7 +84,8 @@ static void test_auto_choices() {
         chosen(input(two, 64 << 20)));
   // Reduce-scatter and all-gather: direct while latency dominates, on one node.
   for (Collective c : {Collective::ReduceScatter, Collective::AllGather})
-    CHECK(std::string(label(input(one, 4096, c))) == "direct", "%s of 4 KiB: %s", name_of(c), label(input(one, 4096, c)));
+    CHECK(std::string(label(input(one, 4096, c))) == "direct", "%s of 4 KiB: %s", name_of(c),
+          label(input(one, 4096, c)));
 }
 
 static void test_costs_drive_the_choice() {
@@ -178,8 +177,8 @@ static void test_device_memory() {
     in.device_memory = true;
     in.device_team_bytes = size_t{64} << 20;
     const bool fits = bytes <= in.device_team_bytes;
-    CHECK(make_plan(in).variant == (fits ? Variant::OneShotFlags : Variant::TwoShot), "device team, %zu B: %s",
-          bytes, chosen(in));
+    CHECK(make_plan(in).variant == (fits ? Variant::OneShotFlags : Variant::TwoShot), "device team, %zu B: %s", bytes,
+          chosen(in));
     in.options.compression = Compression::Fp8E4M3;
     in.options.compression_block = 256;
     CHECK(make_plan(in).variant != Variant::OneShotFlags, "device team, %zu B compressed: %s", bytes, chosen(in));
@@ -233,8 +232,8 @@ static void test_labels_say_what_runs() {
     in.options.compression_block = 256;
     const Plan p = make_plan(in);
     CHECK(std::string(name_of(p.variant)) == k.want && p.fallback.empty() && p.run,
-          "%s asked as %s (determinism %s, %s): %s, want %s", name_of(k.c), name_of(k.a), name_of(k.d),
-          name_of(k.z), name_of(p.variant), k.want);
+          "%s asked as %s (determinism %s, %s): %s, want %s", name_of(k.c), name_of(k.a), name_of(k.d), name_of(k.z),
+          name_of(p.variant), k.want);
   }
   // The device team runs the one-shot all-reduces that fit it, uncompressed.
   PlanInput device = input(one, 64 << 10, Collective::AllReduce, Algorithm::OneShot);
@@ -280,8 +279,9 @@ static void test_two_level_reduce_scatter_and_all_gather() {
     const double ratio = predicted_us(Algorithm::Ring, large) / predicted_us(Algorithm::Hierarchical, large);
     CHECK(ratio > 1.4 && ratio < 1.51, "%s: ring / hierarchical predicted %.2f", name_of(c), ratio);
     const Plan single = make_plan(input(one, 64 << 20, c, Algorithm::Hierarchical));
-    CHECK(single.algorithm != Algorithm::Hierarchical && single.fallback.find("more than one node") != std::string::npos,
-          "%s on one node: %s", name_of(c), single.fallback.c_str());
+    CHECK(
+        single.algorithm != Algorithm::Hierarchical && single.fallback.find("more than one node") != std::string::npos,
+        "%s on one node: %s", name_of(c), single.fallback.c_str());
     PlanInput exact = input(two, 64 << 20, c, Algorithm::Hierarchical);
     exact.options.determinism = Determinism::Exact;
     const Plan p = make_plan(exact);
@@ -306,8 +306,8 @@ static void test_log_step_reduce_scatter_and_all_gather() {
         in.options.compression_block = 256;
         const Plan p = make_plan(in);
         const char* expected = c == Collective::ReduceScatter ? "recursive-halving" : "bruck";
-        CHECK(std::string(name_of(p.variant)) == expected && p.fallback.empty(), "tree %s, %s, %s: %s (%s)",
-              name_of(c), name_of(d), name_of(codec), name_of(p.variant), p.fallback.c_str());
+        CHECK(std::string(name_of(p.variant)) == expected && p.fallback.empty(), "tree %s, %s, %s: %s (%s)", name_of(c),
+              name_of(d), name_of(codec), name_of(p.variant), p.fallback.c_str());
       }
   // Across hosts, one rank each: log2 n latencies against the ring's n-1 while they
   // dominate, the ring once bytes do (its partial sums travel once; halving's plain
@@ -322,13 +322,12 @@ static void test_log_step_reduce_scatter_and_all_gather() {
     CHECK(std::string(chosen(tcp)) == "tree", "%s of 4 KiB on one node over TCP: %s", name_of(c), chosen(tcp));
     CHECK(std::string(chosen(input(hosts, 4096, c))) == "tree", "%s of 4 KiB on 64 hosts: %s", name_of(c),
           chosen(input(hosts, 4096, c)));
-    const double ratio = predicted_us(Algorithm::Ring, input(hosts, 4096, c)) /
-                         predicted_us(Algorithm::Tree, input(hosts, 4096, c));
+    const double ratio =
+        predicted_us(Algorithm::Ring, input(hosts, 4096, c)) / predicted_us(Algorithm::Tree, input(hosts, 4096, c));
     CHECK(ratio > 5, "%s of 4 KiB on 64 hosts: ring / tree predicted %.1f", name_of(c), ratio);
     PlanInput ordered = input(hosts, 64 << 20, c);
     ordered.options.determinism = Determinism::Ordered;
-    CHECK(std::string(chosen(ordered)) != "tree", "ordered %s of 64 MiB on 64 hosts: %s", name_of(c),
-          chosen(ordered));
+    CHECK(std::string(chosen(ordered)) != "tree", "ordered %s of 64 MiB on 64 hosts: %s", name_of(c), chosen(ordered));
   }
 }
 

@@ -1,13 +1,14 @@
 // Unit tests of the recorder alone (counters, flight recorder, JSON): no communication.
 // Built and run by `make test` (target core-test).
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
-#include "runtime/recorder.h"
 #include "check.h"
+#include "runtime/recorder.h"
 
 using namespace pycomm;
 
@@ -26,8 +27,9 @@ static bool has(const std::string& text, const std::string& part) { return text.
 static void test_counters_and_last() {
   Recorder r(8, 3);
   const Recorder::Who who{"g", 1, 4};
-  CHECK(has(r.stats_json(who), "\"collectives\": {}, \"verify\": {\"every\": 3, \"verified\": 0, \"mismatches\": 0}, "
-                               "\"last\": null"),
+  CHECK(has(r.stats_json(who),
+            "\"collectives\": {}, \"verify\": {\"every\": 3, \"verified\": 0, \"mismatches\": 0}, "
+            "\"last\": null"),
         "empty: %s", r.stats_json(who).c_str());
   r.verified(true);
   r.verified(false);
@@ -42,15 +44,17 @@ static void test_counters_and_last() {
   CHECK(has(s, "\"allreduce\": {\"ring\": {\"calls\": 2, \"failures\": 0, \"bytes\": 8000, "), "%s", s.c_str());
   CHECK(has(s, "\"tree\": {\"calls\": 1, \"failures\": 1, \"bytes\": 4000, "), "%s", s.c_str());
   CHECK(has(s, "\"broadcast\": {\"chain\": {\"calls\": 1, "), "%s", s.c_str());
-  CHECK(has(s, "\"last\": {\"id\": 4, \"collective\": \"broadcast\", \"seq\": 4, ") &&
-            has(s, "\"root\": 0") && has(s, "\"device\": \"cuda:0\"") && has(s, "\"state\": \"completed\""),
+  CHECK(has(s, "\"last\": {\"id\": 4, \"collective\": \"broadcast\", \"seq\": 4, ") && has(s, "\"root\": 0") &&
+            has(s, "\"device\": \"cuda:0\"") && has(s, "\"state\": \"completed\""),
         "%s", s.c_str());
 }
 
 static void test_flight_recorder_keeps_the_last_and_the_running() {
   Recorder r(3);
-  for (uint64_t i = 1; i <= 5; ++i) r.end(r.begin(stamp(Collective::AllReduce, i, Variant::Ring), 4, -1, std::chrono::steady_clock::now()));
-  const uint64_t send = r.begin(stamp(Collective::Send, 1, Variant::P2P), 4, -1, std::chrono::steady_clock::now());   // p2p lanes may overlap
+  for (uint64_t i = 1; i <= 5; ++i)
+    r.end(r.begin(stamp(Collective::AllReduce, i, Variant::Ring), 4, -1, std::chrono::steady_clock::now()));
+  const uint64_t send = r.begin(stamp(Collective::Send, 1, Variant::P2P), 4, -1,
+                                std::chrono::steady_clock::now());   // p2p lanes may overlap
   const uint64_t recv = r.begin(stamp(Collective::Recv, 1, Variant::P2P), 4, -1, std::chrono::steady_clock::now());
   r.end(send);
   const std::string d = r.dump_json({"g", 0, 2}, "a \"quoted\"\nreason");
@@ -58,9 +62,10 @@ static void test_flight_recorder_keeps_the_last_and_the_running() {
   CHECK(has(d, "\"reason\": \"a \\\"quoted\\\"\\u000areason\""), "escaped: %s", d.c_str());
   CHECK(!has(d, "\"seq\": 4,") && has(d, "\"id\": 5, ") && has(d, "\"id\": 6, ") && has(d, "\"id\": 7, "),
         "the last 3: %s", d.c_str());
-  CHECK(has(d, "\"collective\": \"send\", \"seq\": 1, \"dtype\": \"float32\", \"count\": 1000, \"bytes\": 4, \"tag\": 0, "
-               "\"algorithm\": \"p2p\", \"compression\": \"none\", \"determinism\": \"0\", \"device\": \"cpu\", "
-               "\"state\": \"completed\""),
+  CHECK(has(d,
+            "\"collective\": \"send\", \"seq\": 1, \"dtype\": \"float32\", \"count\": 1000, \"bytes\": 4, \"tag\": 0, "
+            "\"algorithm\": \"p2p\", \"compression\": \"none\", \"determinism\": \"0\", \"device\": \"cpu\", "
+            "\"state\": \"completed\""),
         "%s", d.c_str());
   CHECK(has(d, "\"collective\": \"recv\"") && has(d, "\"state\": \"running\""), "%s", d.c_str());
   r.end(recv, "peer gone");

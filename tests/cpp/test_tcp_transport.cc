@@ -7,8 +7,8 @@
 //       tests/cpp/test_tcp_transport.cc -o /tmp/test_tcp && /tmp/test_tcp
 // PYCOMM_TEST_ONLY=<part of a case name> runs the matching cases only.
 // Under valgrind or sanitizers, stretch the timing bounds: PYCOMM_TEST_SLACK=10.
-#include <dirent.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -29,12 +29,12 @@
 #include <thread>
 #include <vector>
 
+#include "barrier.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "transport/transport.h"
-#include "barrier.h"
 #include "memory_store.h"
 #include "test_ranks.h"
+#include "transport/transport.h"
 
 using namespace pycomm;
 using pycomm_test::MemoryStore;
@@ -52,12 +52,12 @@ void report_failure(const char* file, int line, const std::string& what) {
   ++g_failures;
 }
 
-#define CHECK(cond)                                                  \
-  do {                                                               \
+#define CHECK(cond)                                                      \
+  do {                                                                   \
     if (!(cond)) report_failure(__FILE__, __LINE__, "CHECK(" #cond ")"); \
   } while (0)
-#define CHECK_MSG(cond, msg)                                                     \
-  do {                                                                           \
+#define CHECK_MSG(cond, msg)                                                          \
+  do {                                                                                \
     if (!(cond)) report_failure(__FILE__, __LINE__, std::string(#cond ": ") + (msg)); \
   } while (0)
 
@@ -69,9 +69,7 @@ double slack() {
 }
 milliseconds scaled(int ms) { return milliseconds(static_cast<long long>(ms * slack())); }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Runs `body` once per error expected; returns the Error thrown (kind Internal and an
 // explanatory message when nothing was thrown).
@@ -142,8 +140,8 @@ bool asleep_in_wait(pid_t tid) {
   if (!f) return false;
   long nr = -1;
   unsigned long arg[6] = {};
-  const int got = std::fscanf(f, "%ld %lx %lx %lx %lx %lx %lx", &nr, &arg[0], &arg[1], &arg[2], &arg[3], &arg[4],
-                              &arg[5]);
+  const int got =
+      std::fscanf(f, "%ld %lx %lx %lx %lx %lx %lx", &nr, &arg[0], &arg[1], &arg[2], &arg[3], &arg[4], &arg[5]);
   std::fclose(f);
   if (got != 7) return false;  // running, or stopped outside a system call ("-1 sp pc")
 #ifdef SYS_poll
@@ -244,9 +242,9 @@ bool recv_test_frame(Channel& ch, int src, int dst, size_t i, const Deadline& d)
   bool ok = true;
   for (size_t j = 0; j < bytes && ok; ++j)
     if (slot[j] != frame_byte(src, dst, i, j)) {
-      report_failure(__FILE__, __LINE__, "payload mismatch in frame " + std::to_string(i) + " from rank " +
-                                             std::to_string(src) + " to rank " + std::to_string(dst) +
-                                             " at byte " + std::to_string(j));
+      report_failure(__FILE__, __LINE__,
+                     "payload mismatch in frame " + std::to_string(i) + " from rank " + std::to_string(src) +
+                         " to rank " + std::to_string(dst) + " at byte " + std::to_string(j));
       ok = false;
     }
   ch.end_recv();
@@ -329,8 +327,8 @@ void test_connections_on_demand() {
     CHECK_MSG(made == 40 + 16 + 8 + 8, std::to_string(made) + " descriptors after creation");
     counted_created.wait();
     done.wait();
-    CHECK_MSG(open_descriptors() - before == made + 16, std::to_string(open_descriptors() - before - made) +
-                                                            " descriptors more after the all-to-all");
+    CHECK_MSG(open_descriptors() - before == made + 16,
+              std::to_string(open_descriptors() - before - made) + " descriptors more after the all-to-all");
     counted.wait();
   });
   run_ranks(n, [&](int r) {
@@ -340,7 +338,8 @@ void test_connections_on_demand() {
     if (r == 0) {  // rank 5 (distance 3) has not used the pair: rank 0 connects to receive
       bool connected = false;
       for (const auto start = Clock::now(); !connected && Clock::now() - start < scaled(10000);) {
-        Error e = catch_error([&] { t->channel(5)->begin_recv(frame_header(5, 0, 0), Deadline::after(milliseconds(100))); });
+        Error e =
+            catch_error([&] { t->channel(5)->begin_recv(frame_header(5, 0, 0), Deadline::after(milliseconds(100))); });
         CHECK_MSG(e.kind() == ErrorKind::Timeout, e.what());
         connected = !contains(e.what(), "not connected");
       }
@@ -376,7 +375,8 @@ void test_gone_before_connecting() {
     const auto start = Clock::now();
     Error e = catch_error([&] { t->channel(0)->begin_recv(frame_header(0, 0, 0), Deadline::after(scaled(20000))); });
     CHECK_MSG(e.kind() == ErrorKind::PeerFailure && contains(e.what(), "refused") &&
-                  contains(e.what(), g.ranks[0].describe()), e.what());
+                  contains(e.what(), g.ranks[0].describe()),
+              e.what());
     CHECK_MSG(seconds_since(start) < 2.0 * slack(), std::to_string(seconds_since(start)));
     Error send = catch_error([&] { send_test_frame(*t->channel(0), 5, 0, 0, Deadline::after(scaled(20000))); });
     CHECK_MSG(send.kind() == ErrorKind::PeerFailure, send.what());
@@ -912,8 +912,9 @@ void test_setup_errors() {
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     g.store->set(g.prefix + "/tcp/addr/0", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
     Error e = catch_error([&] { g.connect(1); });
-    CHECK_MSG(e.kind() == ErrorKind::Timeout && contains(e.what(), g.ranks[0].describe()) &&
-                  contains(e.what(), "refused"), e.what());
+    CHECK_MSG(
+        e.kind() == ErrorKind::Timeout && contains(e.what(), g.ranks[0].describe()) && contains(e.what(), "refused"),
+        e.what());
     ::close(fd);
   }
   {  // rank 0 never publishes: the store's timeout, with the peer named

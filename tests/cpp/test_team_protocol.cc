@@ -23,9 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "core/peer_watch.h"
 #include "device/team_protocol.h"
-#include "check.h"
 
 using namespace pycomm;
 using Clock = std::chrono::steady_clock;
@@ -131,8 +131,8 @@ struct HostLanes {
 };
 
 // One member's call: the blocks it launches, as threads. Returns control[1] (TeamOutcome).
-int run_member(const Board& board, int rank, const float* in, float* out, size_t n,
-               std::chrono::milliseconds budget, int call, const Stop& stop, int stopper) {
+int run_member(const Board& board, int rank, const float* in, float* out, size_t n, std::chrono::milliseconds budget,
+               int call, const Stop& stop, int stopper) {
   int* control = board.control(rank);
   __atomic_store_n(control + 1, 0, __ATOMIC_RELAXED);
   const HostMemory memory;
@@ -140,7 +140,13 @@ int run_member(const Board& board, int rank, const float* in, float* out, size_t
   std::vector<std::thread> threads;
   for (int b = 0; b < pieces.launched(); ++b)
     threads.emplace_back([&, b] {
-      const TeamBlock<HostMemory> block{memory, board.flags(), rank, board.size(), b, control, memory.now_ns(),
+      const TeamBlock<HostMemory> block{memory,
+                                        board.flags(),
+                                        rank,
+                                        board.size(),
+                                        b,
+                                        control,
+                                        memory.now_ns(),
                                         static_cast<uint64_t>(budget.count()) * 1000000};
       HostLanes lanes{board, rank, b, in, out, pieces, rank == stopper && call == stop.call, stop};
       run_team_block(block, pieces, lanes);
@@ -285,8 +291,8 @@ void test_killed_peer_process() {
       std::vector<float> in(40, 1.0f), out(40);
       int outcome = kTeamDone;
       std::thread blocks([&] {
-        outcome = run_member(board, m, in.data(), out.data(), in.size(), std::chrono::seconds(60), 0,
-                             Stop{0, 1, nullptr}, 1);
+        outcome =
+            run_member(board, m, in.data(), out.data(), in.size(), std::chrono::seconds(60), 0, Stop{0, 1, nullptr}, 1);
       });
       std::vector<std::unique_ptr<PeerWatch>> peers;
       for (int p = 0; p < kSize; ++p)

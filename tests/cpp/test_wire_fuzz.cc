@@ -116,12 +116,18 @@ bool printable(const std::string& s) {
 
 const char* kind_name(ErrorKind k) {
   switch (k) {
-    case ErrorKind::InvalidArgument: return "InvalidArgument";
-    case ErrorKind::Timeout: return "Timeout";
-    case ErrorKind::PeerFailure: return "PeerFailure";
-    case ErrorKind::Mismatch: return "Mismatch";
-    case ErrorKind::Corruption: return "Corruption";
-    case ErrorKind::Internal: return "Internal";
+    case ErrorKind::InvalidArgument:
+      return "InvalidArgument";
+    case ErrorKind::Timeout:
+      return "Timeout";
+    case ErrorKind::PeerFailure:
+      return "PeerFailure";
+    case ErrorKind::Mismatch:
+      return "Mismatch";
+    case ErrorKind::Corruption:
+      return "Corruption";
+    case ErrorKind::Internal:
+      return "Internal";
   }
   return "?";
 }
@@ -219,9 +225,7 @@ std::string abort_frame(const std::string& reason, uint32_t declared) {
   h.bytes = declared;
   return bytes_of(h) + reason;
 }
-std::string abort_frame(const std::string& reason) {
-  return abort_frame(reason, static_cast<uint32_t>(reason.size()));
-}
+std::string abort_frame(const std::string& reason) { return abort_frame(reason, static_cast<uint32_t>(reason.size())); }
 
 // ---- Raw sockets: the attacker's side. ----
 
@@ -413,8 +417,8 @@ void check_reported(const Received& r, bool peer_closed, milliseconds deadline, 
   CHECK(printable(e.what()), "%s: the error is not printable text: %s", label.c_str(), e.what());
   // The margins tell a hang from a slow, shared machine.
   const double limit = std::chrono::duration<double>(deadline + kLivenessSlice + scaled(1000)).count();
-  CHECK(r.seconds <= limit, "%s: begin_recv() returned after %.2f s (deadline %.2f s): %s", label.c_str(),
-        r.seconds, std::chrono::duration<double>(deadline).count(), e.what());
+  CHECK(r.seconds <= limit, "%s: begin_recv() returned after %.2f s (deadline %.2f s): %s", label.c_str(), r.seconds,
+        std::chrono::duration<double>(deadline).count(), e.what());
 }
 
 enum class End { Close, Hold };
@@ -477,9 +481,12 @@ std::string expect_dropped(const std::string& address, const std::string& bytes,
   s.send(bytes);  // fails once the rank closed on the first bad bytes
   s.shutdown_write();
   switch (s.next(within)) {
-    case RawSocket::Next::Closed: return "";
-    case RawSocket::Next::Data: return "the rank answered (it took the connection for a peer's)";
-    case RawSocket::Next::Nothing: break;
+    case RawSocket::Next::Closed:
+      return "";
+    case RawSocket::Next::Data:
+      return "the rank answered (it took the connection for a peer's)";
+    case RawSocket::Next::Nothing:
+      break;
   }
   return "the rank kept the connection open";
 }
@@ -658,9 +665,15 @@ std::string mutate(Rng& rng, std::string s, const std::vector<Region>& regions) 
         if (pos < s.size()) s[pos] = static_cast<char>(below(rng, 2) ? values[below(rng, 5)] : rng());
         break;
       }
-      case 2: s.insert(pos, random_bytes(rng, 1 + below(rng, 16))); break;
-      case 3: s.erase(pos, 1 + below(rng, 16)); break;
-      case 4: s.resize(pos); break;
+      case 2:
+        s.insert(pos, random_bytes(rng, 1 + below(rng, 16)));
+        break;
+      case 3:
+        s.erase(pos, 1 + below(rng, 16));
+        break;
+      case 4:
+        s.resize(pos);
+        break;
       case 5: {  // overwrite a field-sized run with random bytes
         const size_t run = std::min<size_t>(1 + below(rng, 8), s.size() - pos);
         s.replace(pos, run, random_bytes(rng, run));
@@ -713,8 +726,8 @@ void phase_handshake(const Listener& l, uint64_t seed, const Budget& budget) {
   }
   slow.join();
   for (const auto& p : slow_problems) CHECK(false, "handshake: slow senders: %s", p.c_str());
-  std::printf("  handshake: %zu fixed cases, %llu random, slow senders alongside (%.1f s)\n",
-              handshake_cases().size(), static_cast<unsigned long long>(i), seconds_since(start));
+  std::printf("  handshake: %zu fixed cases, %llu random, slow senders alongside (%.1f s)\n", handshake_cases().size(),
+              static_cast<unsigned long long>(i), seconds_since(start));
 }
 
 // ---- Phase 1, the other direction: a fake acceptor answers a connecting rank. ----
@@ -873,16 +886,26 @@ std::vector<FrameCase> frame_cases() {
       {"variant 21 (out of range: past P2PViaHost, the last)", with([](FrameHeader& h) {
          static_assert(static_cast<int>(Variant::P2PViaHost) == 20, "the first variant out of range moved");
          h.op.variant = 21;
-       }), K::Mismatch, "variant 21"},
+       }),
+       K::Mismatch, "variant 21"},
       {"root -1", with([](FrameHeader& h) { h.op.root = -1; }), K::Mismatch, "ranks called different"},
       {"root INT_MIN", with([](FrameHeader& h) { h.op.root = INT_MIN; }), K::Mismatch, "ranks called different"},
       {"compression 5 (out of range)", with([](FrameHeader& h) { h.op.compression = 5; }), K::Mismatch,
        "compression 5"},
-      {"compression block 2^63", with([](FrameHeader& h) { h.op.compression = 1; h.op.compression_block = 63; }),
+      {"compression block 2^63", with([](FrameHeader& h) {
+         h.op.compression = 1;
+         h.op.compression_block = 63;
+       }),
        K::Mismatch, "ranks called different"},
-      {"compression block 2^64", with([](FrameHeader& h) { h.op.compression = 1; h.op.compression_block = 64; }),
+      {"compression block 2^64", with([](FrameHeader& h) {
+         h.op.compression = 1;
+         h.op.compression_block = 64;
+       }),
        K::Mismatch, "compression block 64"},
-      {"compression block 2^255", with([](FrameHeader& h) { h.op.compression = 1; h.op.compression_block = 255; }),
+      {"compression block 2^255", with([](FrameHeader& h) {
+         h.op.compression = 1;
+         h.op.compression_block = 255;
+       }),
        K::Mismatch, "compression block 255"},
       {"determinism 3 (out of range)", with([](FrameHeader& h) { h.op.determinism = 3; }), K::Mismatch,
        "determinism 3"},
@@ -890,8 +913,7 @@ std::vector<FrameCase> frame_cases() {
       {"Abort, 1024-byte reason", abort_frame(std::string(kMaxReason, 'r')), K::PeerFailure, " aborted: rrrr"},
       {"Abort, 1025-byte reason", abort_frame(std::string(kMaxReason + 1, 'r')), K::Mismatch,
        "abort reason of 1025 bytes"},
-      {"Abort, 2^32 - 1 byte reason", abort_frame("r", UINT32_MAX), K::Mismatch,
-       "abort reason of 4294967295 bytes"},
+      {"Abort, 2^32 - 1 byte reason", abort_frame("r", UINT32_MAX), K::Mismatch, "abort reason of 4294967295 bytes"},
       {"Abort, control bytes and no terminator", abort_frame(std::string("a\0b\n\x1b[2J\xff", 9)), K::PeerFailure,
        " aborted: a\\x00b\\x0a\\x1b[2J\\xff"},
       {"Abort, cut short", abort_frame("0123456789", 100), K::PeerFailure, "closed in the middle of a frame"},
@@ -899,8 +921,7 @@ std::vector<FrameCase> frame_cases() {
       {"header cut at 20 bytes", cut(20), K::PeerFailure, "closed in the middle of a frame"},
       {"header cut at 47 bytes", cut(47), K::PeerFailure, "closed in the middle of a frame"},
       {"header cut at 20 bytes and held", cut(20), K::Timeout, "timed out", End::Hold},
-      {"payload cut at 5 bytes", good.substr(0, good.size() - 5), K::PeerFailure,
-       "closed in the middle of a frame"},
+      {"payload cut at 5 bytes", good.substr(0, good.size() - 5), K::PeerFailure, "closed in the middle of a frame"},
       {"payload cut and held", good.substr(0, good.size() - 5), K::Timeout, "timed out", End::Hold},
       {"nothing", "", K::PeerFailure, " lost: closed"},
       {"nothing, held", "", K::Timeout, "timed out", End::Hold},
@@ -914,12 +935,18 @@ struct Field {
   const char* name;
   size_t offset, size;
 };
-#define FIELD(m) Field{#m, offsetof(FrameHeader, m), sizeof(FrameHeader{}.m)}
+#define FIELD(m) \
+  Field { #m, offsetof(FrameHeader, m), sizeof(FrameHeader{}.m) }
 const Field kFields[] = {
-    FIELD(magic), FIELD(kind), FIELD(reserved), FIELD(bytes), FIELD(reserved2), FIELD(op.seq),
-    FIELD(op.count), FIELD(op.collective), FIELD(op.dtype), FIELD(op.reduce), FIELD(op.variant),
-    FIELD(op.root), FIELD(op.compression), FIELD(op.compression_block), FIELD(op.determinism),
-    FIELD(op.verification), FIELD(op.reserved),
+    FIELD(magic),          FIELD(kind),
+    FIELD(reserved),       FIELD(bytes),
+    FIELD(reserved2),      FIELD(op.seq),
+    FIELD(op.count),       FIELD(op.collective),
+    FIELD(op.dtype),       FIELD(op.reduce),
+    FIELD(op.variant),     FIELD(op.root),
+    FIELD(op.compression), FIELD(op.compression_block),
+    FIELD(op.determinism), FIELD(op.verification),
+    FIELD(op.reserved),
 };
 #undef FIELD
 
@@ -929,8 +956,23 @@ void write_edge_value(Rng& rng, FrameHeader& h, const Field& f) {
   const size_t n = std::min<size_t>(f.size, 8);
   std::memcpy(&old, base, n);  // little-endian, like the wire
   const uint64_t mask = n == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
-  const uint64_t edges[] = {0, 1, 2, 10, 11, 0x7f, 0x80, kChunk, kChunk + 1, kMaxReason, kMaxReason + 1,
-                            mask >> 1, (mask >> 1) + 1, mask, old + 1, old - 1, rng()};
+  const uint64_t edges[] = {0,
+                            1,
+                            2,
+                            10,
+                            11,
+                            0x7f,
+                            0x80,
+                            kChunk,
+                            kChunk + 1,
+                            kMaxReason,
+                            kMaxReason + 1,
+                            mask >> 1,
+                            (mask >> 1) + 1,
+                            mask,
+                            old + 1,
+                            old - 1,
+                            rng()};
   const uint64_t v = edges[below(rng, sizeof edges / sizeof edges[0])] & mask;
   std::memcpy(base, &v, n);
 }
@@ -1109,8 +1151,8 @@ void phase_decoders(uint64_t seed, const Budget& budget) {
   for (; budget.more(i); ++i) {
     Rng rng = case_rng(seed, 0, i);
     const std::string label = "decoders: random case " + std::to_string(i) + " (seed " + std::to_string(seed) + ")";
-    const std::string hello = below(rng, 4) ? mutate(rng, kValidHello, {{0, kHelloBytes}})
-                                            : random_bytes(rng, below(rng, 2 * kHelloBytes));
+    const std::string hello =
+        below(rng, 4) ? mutate(rng, kValidHello, {{0, kHelloBytes}}) : random_bytes(rng, below(rng, 2 * kHelloBytes));
     std::string verdict = decode_verdict(hello);
     CHECK(verdict.empty(), "%s: Hello: %s", label.c_str(), verdict.c_str());
     FrameHeader h = header_with([](FrameHeader&) {});
@@ -1179,7 +1221,7 @@ int main() {
   phase_frames(seed, budget(0.4));
   phase_sessions(listener, seed, budget(1.0));
   flood_and_finish(listener);
-  std::printf("test_wire_fuzz: %s (%d failures, %.1f s, PYCOMM_FUZZ_SEED=%llu)\n", failures ? "FAILED" : "ok",
-              failures, seconds_since(start), static_cast<unsigned long long>(seed));
+  std::printf("test_wire_fuzz: %s (%d failures, %.1f s, PYCOMM_FUZZ_SEED=%llu)\n", failures ? "FAILED" : "ok", failures,
+              seconds_since(start), static_cast<unsigned long long>(seed));
   return failures ? 1 : 0;
 }

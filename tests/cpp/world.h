@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "check.h"
-#include "runtime/communicator.h"
 #include "memory_store.h"
+#include "runtime/communicator.h"
 
 // Runs body(rank, comm) on `n` threads sharing `store`; `configure` adjusts each rank's
 // configuration (read from the environment, with 4 KiB chunks so that even small tests
