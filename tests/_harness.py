@@ -15,10 +15,12 @@ Why this shape:
   corrupt the other ranks' channel, and its death shows up as EOF.
 * The parent enforces one deadline for the whole world; on the deadline, or as soon as a
   rank reports a failure (after a short grace so the peers' tracebacks are collected too),
-  every straggler is SIGKILLed and reaped, and an AssertionError carrying every rank's
-  story is raised. PYCOMM_TEST_WORLD_DEADLINE_S caps every world's deadline, so that a
-  run with a limit of its own (the GPU check's steps) gets the ranks' stacks of a hung
-  world before that limit kills the whole test session.
+  every straggler is asked for its Python stacks, SIGKILLed and reaped, and an
+  AssertionError carrying every rank's story is raised. The messages, the grace period,
+  the stack files and the story's sections are those of pycomm._launch.RankOutcomes,
+  which the benchmark's launcher shares. PYCOMM_TEST_WORLD_DEADLINE_S caps every world's
+  deadline, so that a run with a limit of its own (the GPU check's steps) gets the ranks'
+  stacks of a hung world before that limit kills the whole test session.
 * A rank that has reported and torn down its group runs its atexit handlers and ends with
   os._exit: the interpreter's finalization frees torch's modules one by one, about a
   second of CPU per process, which made up most of a short world's time.
@@ -36,8 +38,6 @@ import traceback
 # The backend under test. "gloo" validates the harness and test logic without pycomm.
 BACKEND = os.environ.get("PYCOMM_TEST_BACKEND", "pycomm")
 
-# Seconds to keep collecting the other ranks' reports after the first failure.
-_FAILURE_GRACE_S = 3.0
 # Seconds for stragglers to write their Python stacks (SIGUSR1) before they are killed.
 _STACK_DUMP_S = 1.0
 # Per-rank report lines kept in the assertion message (tracebacks can be long).
@@ -123,7 +123,7 @@ def _child_main(world_path, rank, report_fd):
         world = pickle.load(f)  # plain data: unpickling imports nothing
     sys.path[:] = world.pop("sys_path")
     rank = int(rank)
-    _child(rank, stack_path=_stack_path(os.path.dirname(world_path), rank),
+    _child(rank, stack_path=world.pop("stack_paths")[rank],
            conn=Connection(int(report_fd), readable=False), **world)
 
 
@@ -201,18 +201,6 @@ def _fn_ref(fn):
     return (mod, qual)
 
 
-def _stack_path(tmpdir, rank):
-    return os.path.join(tmpdir, "stacks-rank%d.txt" % rank)
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 _zygote = None
 
 
@@ -268,7 +256,7 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
     None, and the world fails if they do anything else.
     """
     import shutil
-    from multiprocessing.connection import Connection, wait
+    from multiprocessing.connection import Connection
 
     from pycomm import _launch
 
@@ -291,18 +279,21 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
     else:
         raise ValueError("init must be 'file', 'tcp' or 'env', not %r" % (init,))
     world_path = os.path.join(tmpdir, "world.pickle")
+    # The stack paths travel as data: the child must not import pycomm (torch) before its
+    # try block, and a gloo world in fresh interpreters never imports it.
     with open(world_path, "wb") as f:
         pickle.dump(dict(world_size=world_size, fn_ref=fn_ref, args_blob=pickle.dumps(tuple(args)),
                          init_method=init_method, backend=backend, pg_timeout_s=pg_timeout,
-                         sys_path=list(sys.path)), f)
+                         sys_path=list(sys.path),
+                         stack_paths=[_launch.stack_path(tmpdir, r) for r in range(world_size)]), f)
 
     timeout = min(timeout, float(os.environ.get("PYCOMM_TEST_WORLD_DEADLINE_S", timeout)))
-    deadline = time.monotonic() + timeout
+    # A rank's reported failure (err, destroy_err) cuts the world short; a death alone
+    # does not: the world then waits for the peers' reports or the deadline.
+    outcomes = _launch.RankOutcomes(world_size, timeout, failing=("err", "destroy_err"))
+    state = outcomes.state
     conns = []
     results = [None] * world_size
-    state = ["running"] * world_size   # running -> ok -> destroyed | err | dead
-    notes = [""] * world_size
-    fail_at = None
     procs = _launch.Processes()
     try:
         for rank in range(world_size):
@@ -316,45 +307,29 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
 
         open_conns = {c: r for r, c in enumerate(conns)}
         while open_conns:
-            now = time.monotonic()
-            limit = deadline if fail_at is None else min(deadline, fail_at + _FAILURE_GRACE_S)
-            if now >= limit:
+            ready = outcomes.wait(list(open_conns))
+            if ready is None:
                 break
-            ready = wait(list(open_conns), timeout=limit - now)
             for c in ready:
                 r = open_conns[c]
                 try:
                     kind, payload = c.recv()
                 except (EOFError, OSError):
                     del open_conns[c]
-                    if state[r] == "running":
-                        state[r] = "dead"
-                    elif state[r] == "ok":
-                        state[r] = "dead_after_ok"
+                    outcomes.on_eof(r)
                     continue
+                outcomes.on_message(r, kind, payload)
                 if kind == "ok":
-                    state[r] = "ok"
                     results[r] = pickle.loads(payload)
-                elif kind == "err":
-                    state[r] = "err"
-                    notes[r] = payload
-                elif kind == "destroyed":
-                    state[r] = "destroyed"
-                elif kind == "destroy_err":
-                    state[r] = "destroy_err"
-                    notes[r] = payload
-                bad = state[r] in ("err", "destroy_err") or (
-                    state[r] in ("dead", "dead_after_ok") and r not in expect_killed)
-                if bad and fail_at is None:
-                    fail_at = time.monotonic()
         # Everyone reported; give the processes the rest of the deadline to exit cleanly.
-        procs.wait(max(0.0, deadline - time.monotonic()) if fail_at is None else 0.5)
+        procs.wait(max(0.0, outcomes.deadline - time.monotonic())
+                   if outcomes.failed_at is None else 0.5)
         procs.dump_stacks(procs.running(), _STACK_DUMP_S)
     finally:
         procs.kill()
         for c in conns:
             c.close()
-        stacks = [_read(_stack_path(tmpdir, r)) for r in range(world_size)]
+        stacks = _launch.read_stacks(tmpdir, world_size)
         shutil.rmtree(tmpdir, ignore_errors=True)
 
     problems = []
@@ -363,13 +338,13 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
         if r in expect_killed:
             if state[r] == "dead" and procs.exit_code(r) == -signal.SIGKILL:
                 continue
-            problems.append((r, "expected to be killed by SIGKILL, but state=%s, %s"
-                             % (state[r], story), notes[r]))
+            problems.append(outcomes.section(r, "expected to be killed by SIGKILL, but state=%s, %s"
+                                             % (state[r], story), max_chars=_MAX_REPORT_CHARS))
             continue
         if state[r] == "destroyed" and procs.exit_code(r) == 0:
             continue
         if state[r] == "running":
-            what = ("no result before the %ss deadline" % timeout if fail_at is None
+            what = ("no result before the %ss deadline" % timeout if outcomes.failed_at is None
                     else "no result (stopped after another rank failed)")
         elif state[r] == "ok":
             what = "returned a result but destroy_process_group did not finish"
@@ -381,15 +356,10 @@ def run_world(fn, world_size, *, args=(), env=None, timeout=90, init="file",
             what = "did not exit cleanly after destroy_process_group"
         else:
             what = state[r]
-        if stacks[r]:
-            notes[r] = (notes[r] + "\nPython stacks when killed:\n" + stacks[r]).lstrip()
-        problems.append((r, "%s (%s)" % (what, story), notes[r]))
+        problems.append(outcomes.section(r, "%s (%s)" % (what, story), stacks[r],
+                                         max_chars=_MAX_REPORT_CHARS))
     if problems:
-        lines = ["world of %d ranks (backend=%s, init=%s, fn=%s.%s) failed:"
-                 % (world_size, backend, init, fn_ref[0], fn_ref[1])]
-        for r, what, note in problems:
-            lines.append("--- rank %d: %s" % (r, what))
-            if note:
-                lines.append(note[-_MAX_REPORT_CHARS:].rstrip())
-        raise AssertionError("\n".join(lines))
+        raise AssertionError("\n".join(["world of %d ranks (backend=%s, init=%s, fn=%s.%s) failed:"
+                                        % (world_size, backend, init, fn_ref[0], fn_ref[1])]
+                                       + problems))
     return results
