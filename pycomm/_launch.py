@@ -87,8 +87,9 @@ class RankOutcomes:
       ("destroy_err", text)  after ok: the tear-down raised
     on_eof() takes the end of its channel (it closed it, or died): a rank that had sent ok
     is then "dead_after_ok", one that had sent nothing final "dead".
-    States: initial -> running -> ok -> destroyed | destroy_err | dead_after_ok;
-    or err | dead. ``initial`` is "running" unless the caller has a state before it.
+    States: running -> ok -> destroyed | destroy_err | dead_after_ok; or err | dead. A
+    caller with a state before "running" (the bench's "starting", until a rank's hello)
+    passes it as ``initial`` and moves the rank on itself.
 
     The first rank to enter a state in ``failing`` sets failed_at; from then on the
     world waits at most FAILURE_GRACE_S more (limit()), for its peers' reports.

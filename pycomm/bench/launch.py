@@ -17,10 +17,13 @@
   group of each process started (under mpirun also to each rank by pid: Open MPI puts each
   rank in a process group of its own);
   :class:`WorldFailed` carries each rank's state, last phase, traceback and stacks. The
-  parent never waits unbounded.
+  parent never waits unbounded. The messages, the grace period, the stack files and the
+  story's sections are those of pycomm._launch.RankOutcomes, which the tests' harness
+  shares.
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import shutil
@@ -32,10 +35,9 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional
 
-from .._launch import Processes, free_port, signal_pid
-from .worker import CONTROL_SOCKET, RUN_FILE, stack_path
+from .._launch import Processes, RankOutcomes, dump_stacks, free_port, read_stacks, signal_pid
+from .worker import CONTROL_SOCKET, RUN_FILE
 
-FAILURE_GRACE_S = 3.0      # keep collecting peers' reports after the first failure
 STACK_DUMP_GRACE_S = 2.0   # between SIGUSR1 (stack dump) and SIGKILL
 DESTROY_GRACE_S = 30.0     # for destroy_process_group and exit after all results are in
 POLL_S = 0.5               # how often ranks that have not connected yet are looked for
@@ -53,14 +55,6 @@ def _pid_alive(pid: Optional[int]) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def mpirun_command(world: int) -> List[str]:
@@ -194,7 +188,7 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
 
     Returns {"records": rank 0's records, "warnings": [...]} or raises WorldFailed.
     """
-    from multiprocessing.connection import Connection, wait
+    from multiprocessing.connection import Connection
 
     rundir = tempfile.mkdtemp(prefix="pycomm-bench-")
     if cfg.init == "file":
@@ -208,46 +202,34 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
     server.listen(cfg.nranks)
 
     world = cfg.nranks
-    # starting -> running -> ok -> destroyed | destroy_err | dead_after_ok; or err | dead
-    state = ["starting"] * world
+    # "starting" until its hello. A rank's error or death cuts the run short; a failed
+    # tear-down after its results only warns.
+    outcomes = RankOutcomes(world, cfg.timeout_s, failing=("err", "dead"), initial="starting")
+    state = outcomes.state
     phase = ["start"] * world
-    notes = [""] * world
     pids: List[Optional[int]] = [None] * world
     conns = {}                      # Connection -> rank, None until its hello
     records: List[dict] = []
-    deadline = time.monotonic() + cfg.timeout_s
-    fail_at = None
     timed_out = False
-
-    def failed_now():
-        nonlocal fail_at
-        if fail_at is None:
-            fail_at = time.monotonic()
 
     ranks = LAUNCHERS[cfg.launcher](pids)
     try:
         ranks.start(rundir, world)
         all_ok_at = None
         while conns or "starting" in state:
-            now = time.monotonic()
-            limit = deadline
-            if fail_at is not None:
-                limit = min(limit, fail_at + FAILURE_GRACE_S)
-            if all_ok_at is not None:
-                limit = min(limit, all_ok_at + DESTROY_GRACE_S)
-            if now >= limit:
-                timed_out = fail_at is None and all_ok_at is None
+            starting = "starting" in state
+            torn_down_by = math.inf if all_ok_at is None else all_ok_at + DESTROY_GRACE_S
+            ready = outcomes.wait(list(conns) + ([server] if starting else []), torn_down_by,
+                                  POLL_S if starting else math.inf)
+            if ready is None:
+                timed_out = outcomes.failed_at is None and all_ok_at is None
                 break
-            waiting = list(conns) + ([server] if "starting" in state else [])
-            timeout = limit - now if "starting" not in state else min(limit - now, POLL_S)
-            ready = wait(waiting, timeout=timeout)
             if not ready:
                 # Nothing left to read or accept, so a rank that exited without a hello
                 # will never send one.
                 for r in range(world):
                     if state[r] == "starting" and ranks.exited(r):
-                        state[r] = "dead"
-                        failed_now()
+                        outcomes.on_eof(r)
             for c in ready:
                 if c is server:
                     sock, _ = server.accept()
@@ -260,10 +242,7 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
                     del conns[c]
                     if r is None:
                         continue        # died before its hello: found by ranks.exited()
-                    state[r] = "dead_after_ok" if state[r] == "ok" else (
-                        state[r] if state[r] in ("err", "destroyed", "destroy_err") else "dead")
-                    if state[r] == "dead":
-                        failed_now()
+                    outcomes.on_eof(r)
                     continue
                 if r is None:
                     if kind != "hello":
@@ -277,35 +256,23 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
                 elif kind == "row":
                     if on_row is not None:
                         on_row(payload)
-                elif kind == "ok":
-                    state[r] = "ok"
+                elif outcomes.on_message(r, kind, payload) and kind == "ok":
                     if r == 0:
                         records = payload
                     if all_ok_at is None and all(s in ("ok", "destroyed", "destroy_err")
                                                  for s in state):
                         all_ok_at = time.monotonic()
-                elif kind == "err":
-                    state[r] = "err"
-                    notes[r] = payload
-                    failed_now()
-                elif kind in ("destroyed", "destroy_err"):
-                    state[r] = kind
-                    notes[r] = payload or ""
-        ranks.join(max(0.1, min(5.0, deadline - time.monotonic())))
-        stragglers = [r for r in range(world) if ranks.alive(r)]
-        if stragglers:
-            for r in stragglers:
-                signal_pid(pids[r], signal.SIGUSR1)
-            time.sleep(STACK_DUMP_GRACE_S)
+        ranks.join(max(0.1, min(5.0, outcomes.deadline - time.monotonic())))
+        dump_stacks([pids[r] for r in range(world) if ranks.alive(r)], STACK_DUMP_GRACE_S)
     finally:
         ranks.kill()
         for c in conns:
             c.close()
         server.close()
-        stacks = [_read(stack_path(rundir, r)) for r in range(world)]
+        stacks = read_stacks(rundir, world)
         shutil.rmtree(rundir, ignore_errors=True)
 
-    failed = fail_at is not None or timed_out or any(
+    failed = outcomes.failed_at is not None or timed_out or any(
         s not in ("ok", "destroyed", "destroy_err", "dead_after_ok") for s in state)
     if failed:
         lines = ["%d-rank run failed%s:" % (
@@ -314,17 +281,14 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
         for r in range(world):
             if state[r] in ("ok", "destroyed"):
                 continue
-            lines.append("--- rank %d: %s (%s); last phase: %s"
-                         % (r, state[r], ranks.story(r), phase[r]))
-            body = notes[r].split("\n", 1)[-1].rstrip()
+            note = outcomes.notes[r]
+            body = note.split("\n", 1)[-1].rstrip()
             if body and body in seen:
-                lines.append("(same traceback as rank %d)" % seen[body])
-            elif notes[r]:
+                note = "(same traceback as rank %d)" % seen[body]
+            elif note:
                 seen[body] = r
-                lines.append(notes[r].rstrip())
-            if stacks[r].strip():
-                lines.append("Python stacks of rank %d (faulthandler: fatal signal, or SIGUSR1 "
-                             "at the deadline):\n%s" % (r, stacks[r].rstrip()))
+            lines.append(outcomes.section(r, "%s (%s); last phase: %s"
+                                          % (state[r], ranks.story(r), phase[r]), stacks[r], note))
         raise WorldFailed("\n".join(lines))
 
     warnings = []
@@ -332,5 +296,5 @@ def run_world(cfg, on_row: Optional[Callable[[list], None]] = None) -> dict:
         if state[r] != "destroyed" or not ranks.clean_exit(r):
             warnings.append("rank %d: results complete, but tear-down %s (%s; last phase: %s)%s"
                             % (r, state[r], ranks.story(r), phase[r],
-                               ("\n" + notes[r].rstrip()) if notes[r] else ""))
+                               ("\n" + outcomes.notes[r].rstrip()) if outcomes.notes[r] else ""))
     return {"records": records, "warnings": warnings}

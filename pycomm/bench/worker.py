@@ -22,13 +22,11 @@ import socket
 import sys
 import traceback
 
+from .._launch import stack_path
+
 # Names inside the launcher's directory.
 RUN_FILE = "run.pickle"        # (Config, init_method), written before any rank starts
 CONTROL_SOCKET = "control.sock"
-
-
-def stack_path(rundir: str, rank: int) -> str:
-    return os.path.join(rundir, "stacks-rank%d.txt" % rank)
 
 
 def _connect(rundir: str):
