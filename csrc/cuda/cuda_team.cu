@@ -41,9 +41,10 @@ namespace {
 // The longest a leaving member waits for its peers to finish reading its last buffer.
 constexpr std::chrono::seconds kDrainLimit{1};
 
-// The page-locked words a kernel shares with its member's host threads.
-struct ControlWords {
-  static constexpr int kAbort = 0, kOutcome = 1, kFinished = 2;  // kFinished: a word per block
+// The page-locked words a kernel shares with its member's host threads: TeamControl's,
+// then a word per block that a tracked call marks finished.
+struct ControlWords : TeamControl {
+  static constexpr int kFinished = kWords;
   static constexpr int kCount = kFinished + kTeamBlocks;
 };
 

@@ -21,7 +21,7 @@ struct TeamCall {
   size_t piece_bytes;         // a block's piece of a slot: a multiple of 256 bytes
   int rank;
   uint64_t budget_ns;      // how long a block may wait for a peer
-  int* control;            // host memory: [0] set by the host to abort; [1] TeamOutcome
+  int* control;            // host memory: TeamControl's words
   // Host memory, a word per block where the host tracks this call (null where it does
   // not: a call a graph captures): `tracked` once the block is done.
   int* finished;

@@ -30,8 +30,8 @@
 // compared modulo 2^32 (count_reached).
 //
 // Bounded waits: a wait gives up once the call's budget has passed or the host raised
-// control[0] (the group aborted, a peer process exited), and records why in control[1]
-// (TeamOutcome); it never waits past either.
+// the abort word (the group aborted, a peer process exited), and records why in the
+// outcome word (TeamControl, TeamOutcome); it never waits past either.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +52,12 @@ constexpr uint32_t kTeamPollsPerCheck = 64;
 // control[1] after a call: kTeamDone, kTeamAborted, or p + 1 where member p did not
 // arrive within the budget.
 enum TeamOutcome : int { kTeamDone = 0, kTeamAborted = -1 };
+
+// The words of host memory that a member's blocks share with its host threads, by index:
+// the host's abort request, the outcome (TeamOutcome); a runtime may add its own after.
+struct TeamControl {
+  static constexpr int kAbort = 0, kOutcome = 1, kWords = 2;
+};
 
 // The flag words of a member's region, by index from its start.
 struct TeamWords {
@@ -93,7 +99,7 @@ struct TeamBlock {
   Memory memory;
   uint32_t* const* flags;   // flags[m]: member m's region, mapped here
   int rank, size, block;
-  int* control;             // [0]: the host's abort request; [1]: the outcome (TeamOutcome)
+  int* control;             // TeamControl's words
   uint64_t start_ns, budget_ns;
 
   PYCOMM_HD uint32_t* own(size_t word) const { return flags[rank] + word; }
@@ -107,9 +113,9 @@ struct TeamBlock {
     const uint32_t* flag = own(TeamWords::arrived(peer, block));
     for (uint32_t polls = 1; !count_reached(memory.load_acquire(flag), r); ++polls) {
       if (polls % kTeamPollsPerCheck) continue;
-      const bool aborted = memory.load_word(control) != 0;
+      const bool aborted = memory.load_word(control + TeamControl::kAbort) != 0;
       if (aborted || memory.now_ns() - start_ns > budget_ns) {
-        memory.store_word(control + 1, aborted ? kTeamAborted : peer + 1);
+        memory.store_word(control + TeamControl::kOutcome, aborted ? kTeamAborted : peer + 1);
         return false;
       }
       memory.pause();

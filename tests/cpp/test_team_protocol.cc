@@ -50,7 +50,7 @@ class Board {
  public:
   // `blocks` pieces of `piece` elements a slot.
   Board(int size, int blocks, size_t piece) : size_(size), blocks_(blocks), piece_(piece) {
-    bytes_ = size * (TeamWords::kBytes + 2 * kMaxSlot * sizeof(float) + 2 * sizeof(int));
+    bytes_ = size * (TeamWords::kBytes + 2 * kMaxSlot * sizeof(float) + TeamControl::kWords * sizeof(int));
     base_ = static_cast<char*>(mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     for (int m = 0; m < size; ++m) flags_[m] = reinterpret_cast<uint32_t*>(base_ + m * TeamWords::kBytes);
   }
@@ -65,7 +65,8 @@ class Board {
     return reinterpret_cast<float*>(base_ + size_ * TeamWords::kBytes) + (member * 2 + s) * kMaxSlot;
   }
   int* control(int member) const {
-    return reinterpret_cast<int*>(base_ + size_ * (TeamWords::kBytes + 2 * kMaxSlot * sizeof(float))) + 2 * member;
+    return reinterpret_cast<int*>(base_ + size_ * (TeamWords::kBytes + 2 * kMaxSlot * sizeof(float))) +
+           TeamControl::kWords * member;
   }
   // Every member's counters as if each block had already run `runs` chunks.
   void start_counts_at(uint32_t runs) {
@@ -130,11 +131,11 @@ struct HostLanes {
   }
 };
 
-// One member's call: the blocks it launches, as threads. Returns control[1] (TeamOutcome).
+// One member's call: the blocks it launches, as threads. Returns its outcome (TeamOutcome).
 int run_member(const Board& board, int rank, const float* in, float* out, size_t n, std::chrono::milliseconds budget,
                int call, const Stop& stop, int stopper) {
   int* control = board.control(rank);
-  __atomic_store_n(control + 1, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(control + TeamControl::kOutcome, 0, __ATOMIC_RELAXED);
   const HostMemory memory;
   const TeamPieces pieces = board.pieces(n);
   std::vector<std::thread> threads;
@@ -152,7 +153,7 @@ int run_member(const Board& board, int rank, const float* in, float* out, size_t
       run_team_block(block, pieces, lanes);
     });
   for (auto& t : threads) t.join();
-  return __atomic_load_n(control + 1, __ATOMIC_RELAXED);
+  return __atomic_load_n(control + TeamControl::kOutcome, __ATOMIC_RELAXED);
 }
 
 // Member m's input of call `call`: values whose sum depends on the order of its terms.
@@ -254,7 +255,7 @@ void test_stopped_peer_is_named() {
   }
 }
 
-// The host raises control[0] while members wait for a stopped peer: they give up at once,
+// The host raises the abort word while members wait for a stopped peer: they give up at once,
 // long before a budget of a minute.
 void test_abort_ends_every_wait() {
   Board board(3, 2, 4);
@@ -262,7 +263,7 @@ void test_abort_ends_every_wait() {
   const auto start = Clock::now();
   std::thread host([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    for (int m = 0; m < 3; ++m) __atomic_store_n(board.control(m), 1, __ATOMIC_RELAXED);
+    for (int m = 0; m < 3; ++m) __atomic_store_n(board.control(m) + TeamControl::kAbort, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&resume, 1, __ATOMIC_RELEASE);
   });
   const auto outcomes = run_threads(board, {40}, std::chrono::seconds(60), Stop{0, 1, &resume}, 2);
@@ -304,7 +305,7 @@ void test_killed_peer_process() {
       });
       while (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
         for (const auto& w : peers)
-          if (w->exited()) __atomic_store_n(board.control(m), 1, __ATOMIC_RELAXED);
+          if (w->exited()) __atomic_store_n(board.control(m) + TeamControl::kAbort, 1, __ATOMIC_RELAXED);
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
       waiter.join();
