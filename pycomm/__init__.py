@@ -189,9 +189,10 @@ def _block(block):
 
 def encode(tensor, codec, block=None, out=None):
     """The bytes ``codec`` puts on the wire for ``tensor`` (float32/float16/bfloat16, read
-    flat): blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each an fp32
-    power-of-two scale followed by the codes. Returns a 1-D uint8 tensor (``out`` if
-    given)."""
+    flat) in blocks of ``block`` elements (default PYCOMM_COMPRESSION_BLOCK), each with an
+    fp32 power-of-two scale: every element's code, then every block's scale, each array
+    from a 16-byte boundary, zero-padded to a multiple of 16 bytes (code layout
+    ``_C.CODE_LAYOUT``). Returns a 1-D uint8 tensor (``out`` if given)."""
     triton = kernels.triton_for(tensor)
     if triton is None:
         return _C.encode(tensor, codec, _block(block), out)

@@ -5,8 +5,9 @@ Compressed all-reduce quantizes every contribution with these codecs (docs/desig
 sums. Here each codec is checked against an independent model of its wire format,
 built from torch's own casts:
 
-* The encoding is a sequence of blocks, each a little-endian fp32 scale 2^e followed by
-  the codes (2 bytes per element for fp16/bf16, 1 for fp8). e is the smallest in
+* The encoding is every element's code (2 bytes per element for fp16/bf16, 1 for fp8),
+  then every block's little-endian fp32 scale 2^e, each array starting on a 16-byte
+  boundary and the whole a multiple of 16 bytes, padded with zeros. e is the smallest in
   [-126, 126] with (largest finite |x| of the block) / 2^e <= target (65504 for fp16,
   416 for fp8_e4m3, 57344 for fp8_e5m2; bf16 is unscaled). The codes are bit for bit
   torch's cast of x * 2^-e, and decode is the code's value times the scale. Checked on
@@ -152,22 +153,26 @@ def _expected(x, codec, block):
 
 
 def _parse(enc, codec, n, block):
-    """(scales, codes) of an encoded buffer; checks its layout and length."""
+    """(scales, codes) of an encoded buffer; checks its layout, length and zero padding."""
     f = FMT[codec]
     assert enc.dtype == torch.uint8 and enc.dim() == 1, "encode must return a 1-D uint8 tensor"
     raw = enc.numpy().tobytes()
     nblocks = (n + block - 1) // block
-    assert len(raw) == nblocks * 4 + n * f.code_bytes, (
+    code_end, scales_at = n * f.code_bytes, _aligned(n * f.code_bytes)
+    scales_end = scales_at + 4 * nblocks
+    assert len(raw) == scales_at + _aligned(4 * nblocks), (
         "%s: %d elements in blocks of %d must take %d bytes, got %d"
-        % (codec, n, block, nblocks * 4 + n * f.code_bytes, len(raw)))
-    scales, codes, off = [], [], 0
+        % (codec, n, block, scales_at + _aligned(4 * nblocks), len(raw)))
+    assert not any(raw[code_end:scales_at]) and not any(raw[scales_end:]), "%s: padding not zero" % codec
     code_type = np.dtype("<u1" if f.code_bytes == 1 else "<u2")
-    for _, m in _blocks(n, block):
-        scales.append(float(np.frombuffer(raw, "<f4", 1, off)[0]))
-        codes.append(np.frombuffer(raw, code_type, m, off + 4))
-        off += 4 + m * f.code_bytes
-    codes = np.concatenate(codes) if codes else np.zeros(0, code_type)
+    scales = [float(s) for s in np.frombuffer(raw, "<f4", nblocks, scales_at)]
+    codes = np.frombuffer(raw, code_type, n, 0)
     return scales, codes.astype(np.uint8 if f.code_bytes == 1 else np.uint16)
+
+
+def _aligned(nbytes):
+    """Both arrays of an encoding start on a 16-byte boundary; its length is a multiple of 16."""
+    return -(-nbytes // 16) * 16
 
 
 def _first_mismatch(got, exp):
@@ -584,7 +589,7 @@ def test_rejects_bad_codecs_blocks_and_buffers():
         with pytest.raises(ValueError):
             pycomm.quantize(x, "fp8_e4m3", block)
     enc = pycomm.encode(x, "fp8_e5m2", 16)
-    for bad in [lambda: pycomm.decode(enc, "fp8_e5m2", 99, block=16),          # wrong length
+    for bad in [lambda: pycomm.decode(enc, "fp8_e5m2", 80, block=16),          # wrong length
                 lambda: pycomm.decode(enc, "fp16", 100, block=16),             # other codec's size
                 lambda: pycomm.decode(enc[:-1], "fp8_e5m2", 100, block=16),
                 lambda: pycomm.decode(enc.view(torch.int8), "fp8_e5m2", 100, block=16),
@@ -599,7 +604,7 @@ def test_rejects_bad_codecs_blocks_and_buffers():
 def test_default_block_comes_from_the_environment(monkeypatch):
     x = torch.randn(1000)
     monkeypatch.delenv("PYCOMM_COMPRESSION_BLOCK", raising=False)
-    assert pycomm.encode(x, "fp8_e4m3").numel() == 4 * 4 + 1000, "default block must be 256"
+    assert pycomm.encode(x, "fp8_e4m3").numel() == _aligned(1000) + _aligned(4 * 4), "default block must be 256"
     assert torch.equal(pycomm.encode(x, "fp8_e4m3"), pycomm.encode(x, "fp8_e4m3", 256))
     monkeypatch.setenv("PYCOMM_COMPRESSION_BLOCK", "64")
     assert torch.equal(pycomm.encode(x, "fp8_e4m3"), pycomm.encode(x, "fp8_e4m3", 64))
@@ -759,23 +764,30 @@ def test_vectorized_paths_decode_every_code_as_the_scalar_path(codec):
         exponents = sorted(set(range(-126, 127, 7)) | {-125, -24, -14, 0, 110, 112, 125, 126})
     others = [3.0, 0.1, 1e-40, 0.0, -2.0, FLT_MAX, math.inf]
     scales = torch.tensor([2.0 ** e for e in exponents] + others, dtype=torch.float32)
-    scales = scales.view(torch.uint8).reshape(-1, 1, 4)
-    code_bytes = codes.view(torch.uint8).reshape(1, -1, block * FMT[codec].code_bytes)
-    records = torch.cat([scales.expand(-1, code_bytes.shape[1], -1), code_bytes.expand(scales.shape[0], -1, -1)], 2)
-    enc = records.reshape(-1)
-    n = records.shape[0] * records.shape[1] * block
+    records = codes.numel() // block  # per scale
+    code_bytes = codes.view(torch.uint8).repeat(scales.numel())
+    record_scales = scales.repeat_interleave(records)
+    n = record_scales.numel() * block
+    enc = _piece(code_bytes, record_scales)
     for dtype in DTYPES:
         expected = _on_path("scalar", lambda: pycomm.decode(enc, codec, n, dtype, block))
         for path in PATHS[1:]:
             got = _on_path(path, lambda: pycomm.decode(enc, codec, n, dtype, block))
             assert _same_bits(got, expected), "%s to %s: the %s path decodes differently" % (codec, IDS[dtype], path)
     short = n - 7 - block  # a record of 249 codes, after whole ones
-    expected = _on_path("scalar", lambda: pycomm.decode(enc[: pycomm._C.encoded_size(codec, block, short)],
-                                                         codec, short, torch.float32, block))
+    cut = _piece(code_bytes[: short * FMT[codec].code_bytes], record_scales[: -(-short // block)])
+    expected = _on_path("scalar", lambda: pycomm.decode(cut, codec, short, torch.float32, block))
     for path in PATHS[1:]:
-        got = _on_path(path, lambda: pycomm.decode(enc[: pycomm._C.encoded_size(codec, block, short)],
-                                                   codec, short, torch.float32, block))
+        got = _on_path(path, lambda: pycomm.decode(cut, codec, short, torch.float32, block))
         assert _same_bits(got, expected), "%s: the %s path decodes a short record differently" % (codec, path)
+
+
+def _piece(code_bytes, scales):
+    """The encoding of those codes (bytes) and those blocks' scales (float32), laid out as
+    _parse reads it."""
+    def padded(b):
+        return torch.cat([b, torch.zeros(_aligned(b.numel()) - b.numel(), dtype=torch.uint8)])
+    return torch.cat([padded(code_bytes), padded(scales.view(torch.uint8))])
 
 
 def test_codec_paths_are_chosen_by_name():

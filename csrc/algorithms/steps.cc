@@ -19,8 +19,7 @@ ReduceSpec decoding(ReduceSpec spec) {
 size_t Wire::bytes(size_t len) const { return coded() ? encoded_bytes(spec.codec, spec.block, len) : len * es; }
 
 size_t Wire::chunk(const Context& cx) const {
-  return coded() ? cx.chunk_bytes / encoded_bytes(spec.codec, spec.block, spec.block) * spec.block
-                 : cx.chunk_bytes / es;
+  return coded() ? encoded_elements_within(spec.codec, spec.block, cx.chunk_bytes) : cx.chunk_bytes / es;
 }
 
 void Wire::put(const Context& cx, void* wire, const void* contribution, size_t len) const {

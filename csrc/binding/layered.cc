@@ -303,8 +303,10 @@ LayeredKind LayeredRecorder::kind(const std::string& collective, at::ScalarType 
   });
   s.count = static_cast<uint64_t>(count);
   s.variant = static_cast<uint8_t>(plan.variant);
-  if (s.compression)
+  if (s.compression) {
     while ((int64_t{1} << s.compression_block) < options.block) ++s.compression_block;
+    s.code_layout = kCodeLayout;
+  }
   return LayeredKind{s, bytes, static_cast<int>(device), plan.fallback};
 }
 

@@ -284,6 +284,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("EXACT_FRAC_BITS64") = pycomm::kExactFracBits64;
   m.attr("BIN_BITS") = pycomm::kBinBits;
   m.attr("NO_BIN") = static_cast<int>(pycomm::kNoBin);
+  // core/numerics.h: the layout of encoded pieces, its number and its arrays' alignment.
+  m.attr("CODE_LAYOUT") = pycomm::kCodeLayout;
+  m.attr("PIECE_ALIGN") = pycomm::kPieceAlign;
   // runtime/device_runtime.h: the most words a layered stamp holds (judge_stamps).
   m.attr("MAX_STAMP_WORDS") = pycomm::kMaxStampWords;
   // core/config.h: the range of a codec's block (a power of two).

@@ -91,6 +91,11 @@ inline size_t encoded_bytes(Compression codec, size_t block, size_t n) {
   return dispatch_codec(codec, [&](auto tag) { return encoded_size<typename decltype(tag)::type>(n, block); });
 }
 
+// The most elements, whole blocks, whose encoding with `codec` fits in `bytes`.
+inline size_t encoded_elements_within(Compression codec, size_t block, size_t bytes) {
+  return dispatch_codec(codec, [&](auto tag) { return elements_within<typename decltype(tag)::type>(bytes, block); });
+}
+
 inline size_t accum_size(DataType t) {
   return dispatch_dtype(t, [](auto tag) { return sizeof(AccOf<typename decltype(tag)::type>); });
 }

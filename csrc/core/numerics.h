@@ -485,10 +485,61 @@ PYCOMM_HD uint32_t saturated_code(float v, uint32_t code, float scale) {
   return !nonfinite_magnitude(magnitude_bits(v)) && overflows ? code - 1 : code;
 }
 
-// Bytes of n elements encoded with `block`-element blocks of Code.
+// ---- The wire layout of encoded data ----
+//
+// n elements encoded in blocks of `block` elements (a piece, which every step encodes and
+// decodes whole): every element's code, in element order, then every block's fp32 scale,
+// in block order. Both arrays start on a kPieceAlign boundary of the piece, and the piece's
+// size is a multiple of kPieceAlign (padding bytes are zero), so pieces laid end to end
+// stay aligned and kernels move codes and scales with 16-byte accesses. kCodeLayout
+// numbers this layout in every coded operation's stamp (core/wire.h): ranks on different
+// layouts fail the operation's first frame instead of misreading it. Layout 1 interleaved
+// the two, [fp32 scale][codes] per block.
+constexpr uint8_t kCodeLayout = 2;
+constexpr size_t kPieceAlign = 16;
+
+PYCOMM_HD constexpr size_t piece_aligned(size_t bytes) { return (bytes + kPieceAlign - 1) / kPieceAlign * kPieceAlign; }
+
+// The codes and scales of a piece's records from some block on; Byte is char, or const
+// char for encoded data that is only read.
+template <class Byte>
+struct Records {
+  using Scale = std::conditional_t<std::is_const_v<Byte>, const float, float>;
+  Byte* codes;
+  Scale* scales;
+  // The records from block b on, of blocks of `block` codes of `code_bytes` each.
+  PYCOMM_HD Records from(size_t b, size_t block, size_t code_bytes) const {
+    return {codes + b * block * code_bytes, scales + b};
+  }
+};
+
+// The records of the piece at `piece`, of n codes of `code_bytes` each.
+template <class Byte>
+PYCOMM_HD Records<Byte> records_of(Byte* piece, size_t n, size_t code_bytes) {
+  return {piece, reinterpret_cast<typename Records<Byte>::Scale*>(piece + piece_aligned(n * code_bytes))};
+}
+
+// Bytes of a piece of n elements encoded with `block`-element blocks of Code.
 template <class Code>
 PYCOMM_HD size_t encoded_size(size_t n, size_t block) {
-  return (n + block - 1) / block * sizeof(float) + n * sizeof(typename Code::Code);
+  return piece_aligned(n * sizeof(typename Code::Code)) + piece_aligned((n + block - 1) / block * sizeof(float));
+}
+
+// Zeroes the padding of a piece of n elements (after its codes, after its scales): every
+// encoder does, so that no byte of a piece is left unwritten.
+template <class Code>
+PYCOMM_HD void zero_padding(char* piece, size_t n, size_t block) {
+  const size_t codes = n * sizeof(typename Code::Code), scales = piece_aligned(codes);
+  const size_t scales_end = scales + (n + block - 1) / block * sizeof(float);
+  memset(piece + codes, 0, scales - codes);
+  memset(piece + scales_end, 0, encoded_size<Code>(n, block) - scales_end);
+}
+
+// The most elements (a multiple of `block`) whose piece fits in `bytes`; 0 where none does.
+template <class Code>
+PYCOMM_HD size_t elements_within(size_t bytes, size_t block) {
+  const size_t room = bytes > 2 * kPieceAlign ? bytes - 2 * kPieceAlign : 0;  // both arrays' padding
+  return room / (block * sizeof(typename Code::Code) + sizeof(float)) * block;
 }
 
 }  // namespace pycomm

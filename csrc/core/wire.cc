@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/numerics.h"
 
 namespace pycomm {
 
@@ -25,6 +26,7 @@ std::string describe(const OpStamp& op) {
   if (selects_algorithm(c)) os << ", " << name_of(static_cast<Variant>(op.variant));
   if (op.compression)
     os << ", " << name_of(static_cast<Compression>(op.compression)) << "/" << (size_t{1} << op.compression_block);
+  if (op.compression && op.code_layout != kCodeLayout) os << ", code layout " << unsigned{op.code_layout};
   if (has_root(c)) os << ", root " << op.root;
   if (c == Collective::Send || c == Collective::Recv) os << ", tag " << op.root;
   os << ")";

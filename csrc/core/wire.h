@@ -28,11 +28,15 @@ struct OpStamp {
   // 1: the exchange of result hashes that verifies operation `collective` #seq
   // (PYCOMM_VERIFY), an all-gather of `count` int64 per rank by `variant`; 0: the operation.
   uint8_t verification = 0;
-  uint8_t reserved[4] = {};
+  // Under a codec, the layout of its encoded pieces (numerics.h kCodeLayout), else 0:
+  // ranks built with different layouts fail on the first frame instead of misreading it.
+  uint8_t code_layout = 0;
+  uint8_t reserved[3] = {};
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype && reduce == o.reduce &&
            variant == o.variant && root == o.root && compression == o.compression &&
-           compression_block == o.compression_block && determinism == o.determinism && verification == o.verification;
+           compression_block == o.compression_block && determinism == o.determinism && verification == o.verification &&
+           code_layout == o.code_layout;
   }
 };
 static_assert(sizeof(OpStamp) == 32, "OpStamp is a wire format");

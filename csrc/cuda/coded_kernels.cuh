@@ -77,13 +77,15 @@ __device__ __forceinline__ void store_group(X* p, int i, int m, bool vector, con
   }
 }
 
+// Every operand starts 16-aligned where `vector` (encoded ones are pieces, whose codes
+// start at their start), and block % V == 0: a group of V elements or codes is as aligned
+// as its size, up to 16.
 template <class X>
 constexpr size_t kDataAlign = sizeof(X) * V < 16 ? sizeof(X) * V : 16;
-constexpr size_t kCodeAlign = 4;  // a record's codes start 4 bytes past its 4-aligned start
 
 // One warp per codec block: lane l holds the V consecutive elements V l + 32 V g + [0, V)
 // for g = 0, 1, ..., so a warp reads 32 V consecutive elements at a time (16-byte loads
-// of float operands, 4-byte loads of codes where `vector`), the block-wide maxima are
+// of float operands, 4- or 8-byte loads of codes where `vector`), the block-wide maxima are
 // warp shuffles and warps never wait for each other. First each input term's scale, as
 // its encoder would choose it (one pass over its block; an encoded term's scale is loaded
 // with its codes), then each element's fold over the terms, then the output, encoded with
@@ -95,6 +97,7 @@ constexpr size_t kCodeAlign = 4;  // a record's codes start 4 bytes past its 4-a
 // The launch's y index picks a pair of `pairs` (one term): segment y of the plain operand
 // and slot y of the encoded one, the output being the slot where the stage encodes, else
 // the segment. A fold of its operands whole is one pair at offset 0 (any number of terms).
+// Encoded operands are pieces of the pair's length (numerics.h's layout).
 template <class T, ReduceKind K, class Code, bool kExact>
 __global__ void __launch_bounds__(kThreads)
     coded_kernel(void* out, Terms t, SegmentSlots pairs, size_t block, Stage stage, float premul, int world,
@@ -104,7 +107,6 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) float results[];  // kWarps rows of `block`, for an encoded output only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Scaled<Code>* term_scale = scales[warp];
-  const size_t stride = sizeof(float) + block * sizeof(C);
   const size_t warps = static_cast<size_t>(gridDim.x) * kWarps;
   const bool encoded = pairs.encodes(stage);
   const size_t pair = blockIdx.y;
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
   for (size_t b = static_cast<size_t>(blockIdx.x) * kWarps + warp; b * block < n; b += warps) {
     const size_t base = b * block;
     const int m = static_cast<int>(min(block, n - base));
-    const auto record = [&](const char* p) { return p + b * stride; };
+    const auto records = [&](const char* piece) { return records_of(piece, n, sizeof(C)).from(b, block, sizeof(C)); };
     const auto inputs = [&](int j, int i, float (&v)[V]) {
       T x[V];
       load_group<kDataAlign<T>>(reinterpret_cast<const T*>(data(j)) + base, i, m, vector, x);
@@ -152,10 +154,10 @@ __global__ void __launch_bounds__(kThreads)
           load_group<kDataAlign<float>>(reinterpret_cast<const float*>(data(j)) + base, i, m, vector, v);
           return;
         default: {  // every lane loads the scale: no wait between it and the codes
-          const char* r = record(data(j));
+          const Records<const char> r = records(data(j));
           C codes[V];
-          load_group<kCodeAlign>(reinterpret_cast<const C*>(r + sizeof(float)), i, m, vector, codes);
-          const float scale = *reinterpret_cast<const float*>(r);
+          load_group<kDataAlign<C>>(reinterpret_cast<const C*>(r.codes), i, m, vector, codes);
+          const float scale = *r.scales;
 #pragma unroll
           for (int e = 0; e < V; ++e) v[e] = Code::decode(codes[e]) * scale;
         }
@@ -231,16 +233,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (encoded) {
       const Scaled<Code> s = Scaled<Code>::of(warp_max(amax));  // each lane reads back its own elements
-      char* enc = static_cast<char*>(out) + b * stride;
-      if (lane == 0) *reinterpret_cast<float*>(enc) = s.scale;
-      C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+      const Records<char> r = records_of(static_cast<char*>(out), n, sizeof(C)).from(b, block, sizeof(C));
+      if (lane == 0) *r.scales = s.scale;
+      // The last block's warp zeroes the piece's padding.
+      if (lane == 0 && base + block >= n) zero_padding<Code>(static_cast<char*>(out), n, block);
+      C* codes = reinterpret_cast<C*>(r.codes);
       for (int i = V * lane; i < m; i += 32 * V) {
         float v[V];
         C c[V];
         load_group<kDataAlign<float>>(result, i, m, vector, v);
 #pragma unroll
         for (int e = 0; e < V; ++e) c[e] = static_cast<C>(s.encode(v[e]));
-        store_group<kCodeAlign>(codes, i, m, vector, c);
+        store_group<kDataAlign<C>>(codes, i, m, vector, c);
       }
     }
     __syncwarp();  // term_scale and result are rewritten for the next codec block
@@ -257,11 +261,10 @@ void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
   const bool encoded = pairs.encodes(stage);
   const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
   // Whole groups start aligned in every operand of every pair: block % V == 0 keeps each
-  // block's first element (and an encoded record, 4 + block * sizeof(code) bytes long) as
-  // aligned as the operand's start.
-  const auto aligned = [](const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  bool vector = spec.block % V == 0 && aligned(out, encoded ? kCodeAlign : 16);
-  for (int j = 0; j < t.k; ++j) vector = vector && aligned(t.data[j], t.form[j] == Form::Encoded ? kCodeAlign : 16);
+  // block's first element (and its first code) as aligned as the operand's start.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  bool vector = spec.block % V == 0 && aligned(out);
+  for (int j = 0; j < t.k; ++j) vector = vector && aligned(t.data[j]);
   vector = vector && pairs.slot_bytes % 16 == 0;
   const size_t element = stage == Stage::Partial ? sizeof(float) : sizeof(T);
   for (size_t s = 1; vector && s < seg.parts; ++s) vector = seg.begin(s) * element % 16 == 0;

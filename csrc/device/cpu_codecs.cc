@@ -26,27 +26,29 @@ namespace {
 
 // ---- The scalar path: the reference ----
 
+// A record's scale, which need not be aligned.
+float record_scale(Records<const char> r) {
+  float scale;
+  std::memcpy(&scale, r.scales, sizeof scale);
+  return scale;
+}
+void set_scale(Records<char> r, float scale) { std::memcpy(r.scales, &scale, sizeof scale); }
+
 // One record's conversions, element by element with numerics.h's functions.
 template <class Code>
 struct BlockCodec {
   using C = typename Code::Code;
-  static constexpr size_t stride(size_t block) { return sizeof(float) + block * sizeof(C); }
-  static float scale_of(const char* enc) {
-    float scale;
-    std::memcpy(&scale, enc, sizeof scale);
-    return scale;
-  }
-  static const C* codes_of(const char* enc) { return reinterpret_cast<const C*>(enc + sizeof(float)); }
-  static void decode(const char* enc, float* __restrict v, size_t m) {
-    const float scale = scale_of(enc);
-    const C* __restrict codes = codes_of(enc);
+  static const C* codes_of(Records<const char> r) { return reinterpret_cast<const C*>(r.codes); }
+  static void decode(Records<const char> r, float* __restrict v, size_t m) {
+    const float scale = record_scale(r);
+    const C* __restrict codes = codes_of(r);
     for (size_t i = 0; i < m; ++i) v[i] = Code::decode(codes[i]) * scale;
   }
   // v encoded with the scale of its largest finite magnitude.
-  static void encode(const float* __restrict v, char* enc, size_t m) {
+  static void encode(const float* __restrict v, Records<char> r, size_t m) {
     const float amax = largest_finite(v, m), scale = block_scale<Code>(amax), inv = inverse_scale(scale);
-    std::memcpy(enc, &scale, sizeof scale);
-    C* __restrict codes = reinterpret_cast<C*>(enc + sizeof(float));
+    set_scale(r, scale);
+    C* __restrict codes = reinterpret_cast<C*>(r.codes);
     if (block_may_overflow<Code>(amax, scale))
       for (size_t i = 0; i < m; ++i)
         codes[i] = static_cast<C>(saturated_code<Code>(v[i], Code::encode(v[i] * inv), scale));
@@ -77,19 +79,19 @@ template <class Code, class T>
 struct ScalarRuns {
   using N = Numeric<T>;
   using BC = BlockCodec<Code>;
-  static void encode(const T* x, char* enc, size_t n, size_t block) {
+  static void encode(const T* x, Records<char> enc, size_t n, size_t block) {
     float v[kMaxCodecBlock];
-    for (size_t base = 0; base < n; base += block, enc += BC::stride(block)) {
+    for (size_t b = 0, base = 0; base < n; ++b, base += block) {
       const size_t m = std::min(block, n - base);
       for (size_t i = 0; i < m; ++i) v[i] = N::load(x[base + i]);
-      BC::encode(v, enc, m);
+      BC::encode(v, enc.from(b, block, sizeof(typename Code::Code)), m);
     }
   }
-  static void decode(const char* enc, T* x, size_t n, size_t block) {
+  static void decode(Records<const char> enc, T* x, size_t n, size_t block) {
     float v[kMaxCodecBlock];
-    for (size_t base = 0; base < n; base += block, enc += BC::stride(block)) {
+    for (size_t b = 0, base = 0; base < n; ++b, base += block) {
       const size_t m = std::min(block, n - base);
-      BC::decode(enc, v, m);
+      BC::decode(enc.from(b, block, sizeof(typename Code::Code)), v, m);
       for (size_t i = 0; i < m; ++i) x[base + i] = N::store(v[i]);
     }
   }
@@ -351,22 +353,21 @@ struct VectorRuns {
   using L = decltype(lanes_of<V>(static_cast<const Code*>(nullptr)));
   using N = Numeric<T>;
   static constexpr size_t W = V::kWidth;
-  static constexpr size_t stride(size_t block) { return BlockCodec<Code>::stride(block); }
 
   // The next record's scaling is found before this record is encoded, so that the latency
   // of its reductions and its scale overlaps that work.
-  static void encode(const T* x, char* enc, size_t n, size_t block) {
+  static void encode(const T* x, Records<char> enc, size_t n, size_t block) {
     Scaling s = scaling(x, std::min(block, n));
-    for (size_t base = 0; base < n; base += block, enc += stride(block)) {
+    for (size_t b = 0, base = 0; base < n; ++b, base += block) {
       const size_t next = base + block;
       const Scaling following = next < n ? scaling(x + next, std::min(block, n - next)) : s;
-      encode_record(x + base, enc, std::min(block, n - base), s);
+      encode_record(x + base, enc.from(b, block, sizeof(C)), std::min(block, n - base), s);
       s = following;
     }
   }
-  static void decode(const char* enc, T* x, size_t n, size_t block) {
-    for (size_t base = 0; base < n; base += block, enc += stride(block))
-      decode_record(enc, x + base, std::min(block, n - base));
+  static void decode(Records<const char> enc, T* x, size_t n, size_t block) {
+    for (size_t b = 0, base = 0; base < n; ++b, base += block)
+      decode_record(enc.from(b, block, sizeof(C)), x + base, std::min(block, n - base));
   }
   static void quantize(const T* x, float* v, size_t n, size_t block) {
     for (size_t base = 0; base < n; base += block) quantize_record(x + base, v + base, std::min(block, n - base));
@@ -407,10 +408,10 @@ struct VectorRuns {
     const int32_t e = (amax >> 23) - (target >> 23) + ((amax & 0x7fffff) > (target & 0x7fffff));
     return bit_cast_<float>((127 + std::min(std::max(e, -126), 126)) << 23);
   }
-  static void encode_record(const T* x, char* enc, size_t m, const Scaling& s) {
-    if (may_overflow(s)) return ScalarRuns<Code, T>::encode(x, enc, m, m);
-    std::memcpy(enc, &s.scale, sizeof s.scale);
-    C* codes = reinterpret_cast<C*>(enc + sizeof(float));
+  static void encode_record(const T* x, Records<char> r, size_t m, const Scaling& s) {
+    if (may_overflow(s)) return ScalarRuns<Code, T>::encode(x, r, m, m);
+    set_scale(r, s.scale);
+    C* codes = reinterpret_cast<C*>(r.codes);
     s.specials ? encode_codes<true>(x, codes, m, s.inv) : encode_codes<false>(x, codes, m, s.inv);
   }
   template <bool kSpecials>
@@ -421,15 +422,15 @@ struct VectorRuns {
   }
   // Values that bfloat16 holds exactly are stored without rounding: a record whose scale
   // is a finite power of two from L::kExactScales.
-  static void decode_record(const char* enc, T* x, size_t m) {
-    const float scale = BlockCodec<Code>::scale_of(enc);
+  static void decode_record(Records<const char> r, T* x, size_t m) {
+    const float scale = record_scale(r);
     const uint32_t bits = bit_cast_<uint32_t>(scale);
     const bool exact = (bits & 0x807fffffu) == 0 && bits >= L::kExactScales && bits < 0x7f800000u;
-    exact ? decode_values<true>(enc, x, m, scale) : decode_values<false>(enc, x, m, scale);
+    exact ? decode_values<true>(r, x, m, scale) : decode_values<false>(r, x, m, scale);
   }
   template <bool kExact>
-  static void decode_values(const char* enc, T* x, size_t m, float scale) {
-    const C* codes = BlockCodec<Code>::codes_of(enc);
+  static void decode_values(Records<const char> r, T* x, size_t m, float scale) {
+    const C* codes = BlockCodec<Code>::codes_of(r);
     size_t i = 0;
     for (; i + W <= m; i += W) store_values<V, kExact>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
@@ -455,10 +456,10 @@ struct VectorRuns {
 template <class Code, class T>
 struct Avx2Runs {
   using R = VectorRuns<Avx2, Code, T>;
-  PYCOMM_AVX2 __attribute__((flatten)) static void encode(const T* x, char* enc, size_t n, size_t block) {
+  PYCOMM_AVX2 __attribute__((flatten)) static void encode(const T* x, Records<char> enc, size_t n, size_t block) {
     R::encode(x, enc, n, block);
   }
-  PYCOMM_AVX2 __attribute__((flatten)) static void decode(const char* enc, T* x, size_t n, size_t block) {
+  PYCOMM_AVX2 __attribute__((flatten)) static void decode(Records<const char> enc, T* x, size_t n, size_t block) {
     R::decode(enc, x, n, block);
   }
   PYCOMM_AVX2 __attribute__((flatten)) static void quantize(const T* x, float* v, size_t n, size_t block) {
@@ -468,10 +469,10 @@ struct Avx2Runs {
 template <class Code, class T>
 struct Avx512Runs {
   using R = VectorRuns<Avx512, Code, T>;
-  PYCOMM_AVX512 __attribute__((flatten)) static void encode(const T* x, char* enc, size_t n, size_t block) {
+  PYCOMM_AVX512 __attribute__((flatten)) static void encode(const T* x, Records<char> enc, size_t n, size_t block) {
     R::encode(x, enc, n, block);
   }
-  PYCOMM_AVX512 __attribute__((flatten)) static void decode(const char* enc, T* x, size_t n, size_t block) {
+  PYCOMM_AVX512 __attribute__((flatten)) static void decode(Records<const char> enc, T* x, size_t n, size_t block) {
     R::decode(enc, x, n, block);
   }
   PYCOMM_AVX512 __attribute__((flatten)) static void quantize(const T* x, float* v, size_t n, size_t block) {

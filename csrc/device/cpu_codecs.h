@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numerics.h"
 #include "core/types.h"
 
 namespace pycomm {
@@ -17,13 +18,15 @@ namespace pycomm {
 constexpr size_t kMaxCodecBlock = 4096;
 
 // n elements of storage type T (float, Half or BFloat16) in records of `block` elements
-// (block <= kMaxCodecBlock), the last of which may be shorter.
+// (block <= kMaxCodecBlock), the last of which may be shorter: their codes at `codes`, one
+// after another, and their scales at `scales` (numerics.h's Records: a whole piece, or its
+// records from some block on). Neither address need be aligned.
 template <class T>
 struct CodecRuns {
-  // The records of x's elements, one after another from `enc`.
-  void (*encode)(const T* x, char* enc, size_t n, size_t block);
+  // The records of x's elements.
+  void (*encode)(const T* x, Records<char> enc, size_t n, size_t block);
   // The values of those records, rounded to T as Numeric<T>::store rounds.
-  void (*decode)(const char* enc, T* x, size_t n, size_t block);
+  void (*decode)(Records<const char> enc, T* x, size_t n, size_t block);
   // v = decode(encode(x)) in fp32, without writing the records. v may be x itself (T = float).
   void (*quantize)(const T* x, float* v, size_t n, size_t block);
 };

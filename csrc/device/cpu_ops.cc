@@ -199,7 +199,11 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   using N = Numeric<T>;
   const CodecRuns<T>& runs = codec_runs<T>(spec.codec);
   const CodecRuns<float>& values_runs = codec_runs<float>(spec.codec);
-  const size_t block = spec.block, stride = encoded_size<Code>(block, block);
+  constexpr size_t kCodeBytes = sizeof(typename Code::Code);
+  const size_t block = spec.block;
+  // Each encoded operand is a piece of n elements (numerics.h's layout).
+  const auto records = [n](const void* piece) { return records_of(static_cast<const char*>(piece), n, kCodeBytes); };
+  const Records<char> out_records = records_of(static_cast<char*>(out), n, kCodeBytes);  // an encoded stage's
   // Encoding one contribution quantizes it once, in the encoder: quantizing is idempotent.
   const bool quantize_inputs = !(k == 1 && stage == Stage::Encoded);
   // Exact mode: every term's values of a block first (quantized or decoded), then their
@@ -209,12 +213,14 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
   // sum, no division of AVG) goes straight through: an input encoded, records decoded.
   if (k == 1 && !exact) {
     const Term& t = terms[0];
-    if (t.form == Form::Input && stage == Stage::Encoded && K != ReduceKind::PremulSum)
-      return runs.encode(static_cast<const T*>(t.data), static_cast<char*>(out), n, block);
+    if (t.form == Form::Input && stage == Stage::Encoded && K != ReduceKind::PremulSum) {
+      runs.encode(static_cast<const T*>(t.data), out_records, n, block);
+      return zero_padding<Code>(static_cast<char*>(out), n, block);
+    }
     if (t.form == Form::Encoded && stage == Stage::Final && K != ReduceKind::Avg)
-      return runs.decode(static_cast<const char*>(t.data), static_cast<T*>(out), n, block);
+      return runs.decode(records(t.data), static_cast<T*>(out), n, block);
     if (t.form == Form::Encoded && stage == Stage::Partial)
-      return values_runs.decode(static_cast<const char*>(t.data), static_cast<float*>(out), n, block);
+      return values_runs.decode(records(t.data), static_cast<float*>(out), n, block);
   }
   if (exact) check_exact_terms(k);
   std::vector<float> values(exact ? static_cast<size_t>(k) * block : 0);
@@ -239,7 +245,7 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
         std::memcpy(dst, static_cast<const float*>(t.data) + base, m * sizeof(float));
         break;
       case Form::Encoded:
-        values_runs.decode(static_cast<const char*>(t.data) + b * stride, dst, m, block);
+        values_runs.decode(records(t.data).from(b, block, kCodeBytes), dst, m, block);
         break;
     }
   };
@@ -272,10 +278,11 @@ void reduce_terms_coded(const ReduceSpec& spec, Stage stage, void* out, const Te
       }
       case Stage::Encoded:
       case Stage::FinalEncoded:
-        values_runs.encode(acc, static_cast<char*>(out) + b * stride, m, block);
+        values_runs.encode(acc, out_records.from(b, block, kCodeBytes), m, block);
         break;
     }
   }
+  if (stage == Stage::Encoded || stage == Stage::FinalEncoded) zero_padding<Code>(static_cast<char*>(out), n, block);
 }
 
 // ---- The hash of DeviceOps::hash ----

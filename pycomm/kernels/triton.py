@@ -95,13 +95,29 @@ def _load_term(term, form: tl.constexpr, blocks, offs, mask, n, premul, ACC: tl.
         return x
     elif form == 1:  # Partial
         return tl.load(term + offs, mask=mask, other=0).to(ACC)
-    else:  # Encoded: block b at b * (4 + BLOCK * CODE_BYTES) bytes, [fp32 scale][codes]
-        base = term.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
-        scale = tl.load(base.to(tl.pointer_type(tl.float32), bitcast=True), mask=blocks * BLOCK < n, other=1.0)
-        code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
-        codes = tl.load((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
-                        mask=mask, other=0)
-        return decode(codes.to(tl.uint32), CODEC) * scale
+    else:  # Encoded: a piece of n elements (_codes_and_scales)
+        codes, scales = _codes_and_scales(term, n, CODE_BYTES)
+        scale = tl.load(scales + blocks, mask=blocks * BLOCK < n, other=1.0)
+        return decode(tl.load(codes + offs, mask=mask, other=0).to(tl.uint32), CODEC) * scale
+
+
+PIECE_ALIGN = tl.constexpr(_C.PIECE_ALIGN)
+
+
+@triton.jit
+def _aligned(nbytes):
+    """numerics.h piece_aligned: the next multiple of kPieceAlign."""
+    return (nbytes + PIECE_ALIGN - 1) // PIECE_ALIGN * PIECE_ALIGN
+
+
+@triton.jit
+def _codes_and_scales(piece, n, CODE_BYTES: tl.constexpr):
+    """numerics.h's layout of a piece of n encoded elements: its codes (uint8 or uint16)
+    from its start, its blocks' float32 scales from the next 16-byte boundary after them."""
+    at = piece.to(tl.pointer_type(tl.uint8), bitcast=True)
+    code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
+    scales = (at + _aligned(n * CODE_BYTES)).to(tl.pointer_type(tl.float32), bitcast=True)
+    return at.to(tl.pointer_type(code_type), bitcast=True), scales
 
 
 # numerics.h kExactFracBits and kExactFracBits64: exact mode's grid is 2^(E - FRAC_BITS)
@@ -269,17 +285,24 @@ _SCALARS = ["premul_bits", "world_size", "counts", "strides", "parts", "unit", "
 
 
 @triton.jit
-def _store_encoded(out, blocks, mask, n, acc, CODEC: tl.constexpr, BLOCK: tl.constexpr, CODE_BYTES: tl.constexpr):
-    """The tile's values encoded, block b at b * (4 + BLOCK * CODE_BYTES) bytes of out:
-    [fp32 scale][codes], the scale of each block's largest magnitude."""
+def _store_encoded(out, blocks, offs, mask, n, acc, CODEC: tl.constexpr, BLOCK: tl.constexpr,
+                   CODE_BYTES: tl.constexpr):
+    """The tile's values encoded into the piece of n elements at out (_codes_and_scales),
+    the scale of each block's largest magnitude; the program of the last block zeroes the
+    piece's padding."""
     amax = block_amax(acc, mask)
     scale = block_scale(amax, CODEC)
     coded = saturated_codes(acc, amax, scale, CODEC)
-    base = out.to(tl.pointer_type(tl.uint8), bitcast=True) + blocks * (4 + BLOCK * CODE_BYTES)
-    tl.store(base.to(tl.pointer_type(tl.float32), bitcast=True), scale, mask=blocks * BLOCK < n)
-    code_type: tl.constexpr = tl.uint8 if CODE_BYTES == 1 else tl.uint16
-    tl.store((base + 4).to(tl.pointer_type(code_type), bitcast=True) + tl.arange(0, BLOCK)[None, :],
-             coded.to(code_type), mask=mask)
+    codes, scales = _codes_and_scales(out, n, CODE_BYTES)
+    tl.store(scales + blocks, scale, mask=blocks * BLOCK < n)
+    tl.store(codes + offs, coded.to(codes.dtype.element_ty), mask=mask)
+    last = (blocks * BLOCK < n) & ((blocks + 1) * BLOCK >= n)  # [ROWS, 1]: the row of the last block
+    pad = tl.arange(0, PIECE_ALIGN)[None, :] + 0 * blocks  # [ROWS, PIECE_ALIGN]
+    zeros = tl.zeros_like(pad).to(tl.uint8)
+    at = out.to(tl.pointer_type(tl.uint8), bitcast=True)
+    codes_end, scales_end = n * CODE_BYTES, _aligned(n * CODE_BYTES) + (n + BLOCK - 1) // BLOCK * 4
+    tl.store(at + codes_end + pad, zeros, mask=last & (codes_end + pad < _aligned(codes_end)))
+    tl.store(at + scales_end + pad, zeros, mask=last & (scales_end + pad < _aligned(scales_end)))
 
 
 @triton.jit(do_not_specialize=_SCALARS)
@@ -351,7 +374,7 @@ def _fold_kernel(out, runs, strides, counts, n, parts, unit, skip, slot_bytes, p
     elif STAGE == 1:
         _store_final(out, offs, mask, acc, OUT_KIND)
     else:
-        _store_encoded(out, blocks, mask, n, acc, CODEC, BLOCK, CODE_BYTES)
+        _store_encoded(out, blocks, offs, mask, n, acc, CODEC, BLOCK, CODE_BYTES)
 
 
 # The same kernel for a count of 1, which Triton would otherwise compile as the constant 1:
@@ -399,7 +422,8 @@ def _typed(t, dtype):
 def fold(out, terms, forms, dtype, count, op, world_size, exact, codec, block, stage):
     """``pycomm._C.fold`` (the layered path's step, DeviceOps::reduce_terms on tensors) in
     Triton, with the same arguments and bits, enqueued on the current stream. Encoded
-    operands start on a 4-byte boundary (their scales are read as float32)."""
+    operands are pieces of ``count`` elements (numerics.h's layout) that start on a 4-byte
+    boundary (their scales are read as float32)."""
     if count:
         _launch(out, terms, forms, dtype, count, (1, 1, -1, 0), op, world_size, exact, codec, block, stage)
 

@@ -19,10 +19,11 @@ PAIRWISE, ONESHOT = "layered-pairwise", "layered-oneshot"
 # A stamp: int64 words, this marker, then the fields after it (each an int64, see _code).
 STAMP_MARK = 0x70634C53
 STAMP_FIELDS = ("stamp", "sequence number", "collective", "count", "dtype", "reduce op", "compression", "block",
-                "determinism", "algorithm")
-NUMBERS = {"sequence number", "count", "block"}  # the fields that are numbers; the others are names
-# A stamp's bytes: a multiple of 16, so that data after it starts aligned for the kernels.
-STAMP_BYTES = 8 * len(STAMP_FIELDS)
+                "code layout", "determinism", "algorithm")
+NUMBERS = {"sequence number", "count", "block", "code layout"}  # the fields that are numbers; the others are names
+# A stamp's bytes: a multiple of 16, so that data after it starts aligned for the kernels
+# (the word after the fields, if any, stays zero).
+STAMP_BYTES = -(-8 * len(STAMP_FIELDS) // 16) * 16
 # The bytes the opening all-gather of a call gathers to every rank (stamps.py), in all.
 OPENING_BUDGET = 64 << 10
 
@@ -47,7 +48,7 @@ def opening_bytes(size):
 
 def slot(nbytes):
     """Room for an encoded piece in a buffer of several: a multiple of 16 bytes, so that
-    every piece starts aligned for the kernels (whose scales are read as float32)."""
+    every piece starts aligned for the kernels (an encoded piece's size is one already)."""
     return -(-nbytes // 16) * 16
 
 
@@ -79,11 +80,11 @@ class _Layout:
         self.algorithm = f"{self.variant} over {record.mover}"
         self.kind = record.recorder.kind(collective, dtype, count, op, options, plan, nbytes,
                                          device.index if device.type == "cuda" else -1)
-        # The block matters only under a codec, as natively; word 1, the sequence number,
-        # is each call's.
+        # The block and the code layout matter only under a codec, as natively; word 1, the
+        # sequence number, is each call's.
         self.stamp = [_code(v) for v in (STAMP_MARK, 0, collective, count, str(dtype).split(".")[-1],
                                           _op_name(op), self.codec, self.block if self.coded else 0,
-                                          self.determinism, options.algorithm)]
+                                          _C.CODE_LAYOUT if self.coded else 0, self.determinism, options.algorithm)]
 
     def wire(self, count, element_bytes=None):
         """The bytes of ``count`` elements (of ``element_bytes`` each, the call's by default)

@@ -71,6 +71,7 @@
 #include "check.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/numerics.h"
 #include "core/types.h"
 #include "memory_store.h"
 #include "test_ranks.h"
@@ -907,6 +908,13 @@ std::vector<FrameCase> frame_cases() {
          h.op.compression_block = 255;
        }),
        K::Mismatch, "compression block 255"},
+      {"coded pieces of another layout", with([](FrameHeader& h) {
+         static_assert(kCodeLayout != 1, "layout 1, the interleaved records, is another layout");
+         h.op.compression = 1;
+         h.op.compression_block = 8;
+         h.op.code_layout = 1;
+       }),
+       K::Mismatch, "fp16/256, code layout 1,"},
       {"determinism 3 (out of range)", with([](FrameHeader& h) { h.op.determinism = 3; }), K::Mismatch,
        "determinism 3"},
       {"Abort, empty reason", abort_frame(""), K::PeerFailure, " aborted: "},
@@ -946,7 +954,7 @@ const Field kFields[] = {
     FIELD(op.variant),     FIELD(op.root),
     FIELD(op.compression), FIELD(op.compression_block),
     FIELD(op.determinism), FIELD(op.verification),
-    FIELD(op.reserved),
+    FIELD(op.code_layout), FIELD(op.reserved),
 };
 #undef FIELD
 
