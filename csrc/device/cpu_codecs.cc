@@ -122,7 +122,7 @@ constexpr const char* kPathNames[] = {"scalar", "avx2", "avx512"};
 // none: it is off in this file (from its first line, for numerics.h's bit_cast_ of vectors).
 // A record's scale and its tail (the elements after the last whole vector) take the
 // reference's scalar code, and so does a record near float32's maximum (block_may_overflow).
-// A record without NaN or infinity in its whole vectors skips their selects.
+// A record without NaN or infinity skips their selects.
 
 #define PYCOMM_AVX2 __attribute__((target("avx2,f16c")))
 #define PYCOMM_AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl")))
@@ -140,7 +140,9 @@ struct Lanes {
   using U = typename VectorOf<uint32_t, W>::type;
   using H = typename VectorOf<uint16_t, W>::type;
   using S = typename VectorOf<int16_t, W>::type;
+  using S2 = typename VectorOf<int16_t, 2 * W>::type;  // a full vector of 16-bit lanes
   using B = typename VectorOf<uint8_t, W>::type;
+  using B4 = typename VectorOf<uint8_t, 4 * W>::type;  // four vectors' bytes
 };
 
 // The operations that GCC's vector types do not spell well (or at all): F16C's conversions
@@ -161,6 +163,13 @@ struct Avx2 : Lanes<8> {
     const __m256i joined = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
     return bit_cast_<B>(_mm_cvtsi128_si64(_mm256_castsi256_si128(joined)));
   }
+  // Four vectors narrowed at once, a quarter of the shuffles of narrowing each.
+  PYCOMM_AVX2 static B4 to_u8(U a, U b, U c, U d) {
+    const __m256i ab = _mm256_packus_epi32(__m256i(a), __m256i(b));  // a0-3 b0-3 | a4-7 b4-7
+    const __m256i cd = _mm256_packus_epi32(__m256i(c), __m256i(d));
+    const __m256i bytes = _mm256_packus_epi16(ab, cd);  // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7
+    return B4(_mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
   PYCOMM_AVX2 static int32_t largest(I v) { return largest(__m256i(v)); }
   PYCOMM_AVX2 static int32_t largest(__m256i v) {
     __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -177,6 +186,14 @@ struct Avx512 : Lanes<16> {
   PYCOMM_AVX512 static H widen(B b) { return H(_mm256_cvtepu8_epi16(__m128i(b))); }
   PYCOMM_AVX512 static H to_u16(U u) { return H(_mm512_maskz_cvtepi32_epi16(0xffff, __m512i(u))); }
   PYCOMM_AVX512 static B to_u8(U u) { return B(_mm512_maskz_cvtepi32_epi8(0xffff, __m512i(u))); }
+  // As Avx2's: the packs work within 128-bit lanes, so lane k holds quarter k of each vector.
+  PYCOMM_AVX512 static B4 to_u8(U a, U b, U c, U d) {
+    const __m512i ab = _mm512_packus_epi32(__m512i(a), __m512i(b));
+    const __m512i cd = _mm512_packus_epi32(__m512i(c), __m512i(d));
+    const __m512i bytes = _mm512_packus_epi16(ab, cd);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return B4(_mm512_maskz_permutexvar_epi32(0xffff, order, bytes));
+  }
   PYCOMM_AVX512 static int32_t largest(I v) {
     const __m256i low = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 0);
     const __m256i high = _mm512_maskz_extracti64x4_epi64(0xf, __m512i(v), 1);
@@ -217,24 +234,29 @@ typename V::F load_values(const Half* p) {
   return V::from_half(load<typename V::H>(p));
 }
 
-// The magnitudes' bits of W values of storage type T, as magnitude_bits; for bfloat16 in
-// 16-bit lanes (the top halves of float32's), half the work.
+// The magnitudes' bits of values of storage type T, as magnitude_bits: W of them, or for
+// bfloat16 2W in 16-bit lanes (the top halves of float32's), a full vector, a quarter of
+// the work.
 template <class V, class T>
 typename V::I magnitudes(const T* p) {
   return bit_cast_<typename V::I>(load_values<V>(p)) & 0x7fffffff;
 }
 template <class V>
-typename V::S magnitudes(const BFloat16* p) {
-  return load<typename V::S>(p) & 0x7fff;
+typename V::S2 magnitudes(const BFloat16* p) {
+  return load<typename V::S2>(p) & 0x7fff;
 }
-// Those bits in 32-bit lanes.
+// The largest of those bits over every lane, as those of a float32.
 template <class V>
-typename V::I magnitudes32(typename V::I a) {
-  return a;
+int32_t largest_magnitude(typename V::I a) {
+  return V::largest(a);
 }
 template <class V>
-typename V::I magnitudes32(typename V::S a) {
-  return bit_cast_<typename V::I>(V::widen(bit_cast_<typename V::H>(a)) << 16);
+int32_t largest_magnitude(typename V::S2 a) {
+  typename V::S low, high;  // a's halves
+  std::memcpy(&low, &a, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&a) + sizeof low, sizeof high);
+  const typename V::S both = high > low ? high : low;
+  return V::largest(bit_cast_<typename V::I>(V::widen(bit_cast_<typename V::H>(both)) << 16));
 }
 
 // bf16_bits_from_float, of values that are NaN only if kNaN.
@@ -268,7 +290,8 @@ void store_values(Half* p, typename V::F v) {
 // Each code format on lanes: encode<kSpecials>(values, inverse scale) -> W codes, as
 // Code::encode(value * inverse scale), where values are NaN or infinite only if kSpecials;
 // decode(W codes) -> their values, as Code::decode but for a NaN's quiet bit, which the
-// callers' product by the scale sets in both.
+// callers' product by the scale sets in both. Where kGroup > 1, encode_group encodes that
+// many vectors at once (their codes narrowed together, cheaper than one by one).
 template <class V>
 struct Fp16Lanes {
   using F = typename V::F;
@@ -283,6 +306,7 @@ struct Fp16Lanes {
   }
   static F decode(H c) { return V::from_half(c); }
   static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
+  static constexpr size_t kGroup = 1;
 };
 template <class V>
 struct Bf16Lanes {
@@ -295,6 +319,7 @@ struct Bf16Lanes {
   }
   static F decode(H c) { return bit_cast_<F>(V::widen(c) << 16); }
   static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
+  static constexpr size_t kGroup = 1;
 };
 // fp8: encode is fp8_bits_from_finite with CodeFp8's NaN and Inf. decode goes through half
 // precision (F16C): a code's sign, exponent and mantissa moved to the top of a half's make
@@ -309,11 +334,21 @@ struct Fp8Lanes {
   using S = typename V::S;
   using Codes = typename V::B;
   static constexpr uint32_t kBias = (1u << (E - 1)) - 1;
-  // The normal codes' rebias is subtracted before the shift, not after: the same where a
-  // code is normal (ax is above the bias's bits there), one operation fewer. Magnitudes
-  // compare as signed integers, which AVX2 has.
+  static constexpr size_t kGroup = 4;  // vectors encoded at once: their codes narrowed together
   template <bool kSpecials>
   static Codes encode(F x, float inv) {
+    return V::to_u8(code_lanes<kSpecials>(x, inv));
+  }
+  template <bool kSpecials>
+  static typename V::B4 encode_group(const F (&x)[kGroup], float inv) {
+    return V::to_u8(code_lanes<kSpecials>(x[0], inv), code_lanes<kSpecials>(x[1], inv),
+                    code_lanes<kSpecials>(x[2], inv), code_lanes<kSpecials>(x[3], inv));
+  }
+  // The codes in 32-bit lanes. The normal codes' rebias is subtracted before the shift, not
+  // after: the same where a code is normal (ax is above the bias's bits there), one
+  // operation fewer. Magnitudes compare as signed integers, which AVX2 has.
+  template <bool kSpecials>
+  static U code_lanes(F x, float inv) {
     constexpr uint32_t kMinNormal = (127 + 1 - kBias) << 23;
     constexpr uint32_t kMagic = (127 + 1 - kBias + 23 - M) << 23;
     constexpr uint32_t kRoundAndRebias = ((1u << (22 - M)) - 1) - ((127 - kBias) << 23);
@@ -322,9 +357,9 @@ struct Fp8Lanes {
     const U sub = bit_cast_<U>(bit_cast_<F>(ax) + bit_cast_<float>(kMagic)) - kMagic;
     const U normal = (ax + kRoundAndRebias + ((ax >> (23 - M)) & 1u)) >> (23 - M);
     const U finite = ((v >> 24) & 0x80u) | (signed_ax < int32_t(kMinNormal) ? sub : normal);
-    if (!kSpecials) return V::to_u8(finite);
+    if (!kSpecials) return finite;
     const U special = signed_ax > 0x7f800000 ? splat<U>(0x7fu) : ((v >> 24) & 0x80u) | kInf;
-    return V::to_u8(signed_ax >= 0x7f800000 ? special : finite);
+    return signed_ax >= 0x7f800000 ? special : finite;
   }
   static F decode(Codes c) {
     const H w = V::widen(c), em = w & 0x7f, sign = (w & 0x80) << 8;
@@ -374,29 +409,34 @@ struct VectorRuns {
   }
 
  private:
-  // A record's scale (of its largest finite magnitude, amax), and whether its whole vectors
-  // hold a NaN or an infinity.
+  // A record's scale (of its largest finite magnitude, amax), and whether it holds a NaN or
+  // an infinity.
   struct Scaling {
     float amax, scale, inv;
     bool specials;
   };
   static Scaling scaling(const T* x, size_t m) {
     using M = decltype(magnitudes<V>(x));
-    constexpr int kInf = sizeof(M) == sizeof(I) ? 0x7f800000 : 0x7f80;  // in M's lanes
+    constexpr bool kWide = std::is_same_v<M, I>;  // 32-bit lanes, else 16-bit ones
+    constexpr int kInf = kWide ? 0x7f800000 : 0x7f80;  // in M's lanes
+    constexpr size_t kLanes = kWide ? W : 2 * W;
     M finite_lanes{}, lanes{};
     size_t i = 0;
-    for (; i + W <= m; i += W) {
+    for (; i + kLanes <= m; i += kLanes) {
       const M a = magnitudes<V>(x + i);
       const M finite = a < kInf ? a : M{};
       finite_lanes = finite > finite_lanes ? finite : finite_lanes;
       lanes = a > lanes ? a : lanes;
     }
-    const int32_t largest = V::largest(magnitudes32<V>(lanes));
-    const bool specials = nonfinite_magnitude(largest);
-    int32_t amax = specials ? V::largest(magnitudes32<V>(finite_lanes)) : largest;
-    for (; i < m; ++i) amax = std::max(amax, finite_magnitude(N::load(x[i])));
+    int32_t largest = largest_magnitude<V>(lanes);
+    int32_t amax = nonfinite_magnitude(largest) ? largest_magnitude<V>(finite_lanes) : largest;
+    for (; i < m; ++i) {
+      const float v = N::load(x[i]);
+      largest = std::max(largest, magnitude_bits(v));
+      amax = std::max(amax, finite_magnitude(v));
+    }
     const float scale = scale_of(amax);
-    return {bit_cast_<float>(amax), scale, inverse_scale(scale), specials};
+    return {bit_cast_<float>(amax), scale, inverse_scale(scale), nonfinite_magnitude(largest)};
   }
   // block_scale without its loop, whose branches cost as much as a record's conversions:
   // with amax = a 2^p and the target t 2^q (a, t in [1, 2)), amax / 2^e <= target holds
@@ -417,6 +457,12 @@ struct VectorRuns {
   template <bool kSpecials>
   static void encode_codes(const T* x, C* codes, size_t m, float inv) {
     size_t i = 0;
+    if constexpr (L::kGroup > 1)
+      for (; i + L::kGroup * W <= m; i += L::kGroup * W) {
+        F v[L::kGroup];
+        for (size_t g = 0; g < L::kGroup; ++g) v[g] = load_values<V>(x + i + g * W);
+        store(codes + i, L::template encode_group<kSpecials>(v, inv));
+      }
     for (; i + W <= m; i += W) store(codes + i, L::template encode<kSpecials>(load_values<V>(x + i), inv));
     for (; i < m; ++i) codes[i] = static_cast<C>(Code::encode(N::load(x[i]) * inv));
   }
