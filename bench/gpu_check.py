@@ -25,6 +25,9 @@ its limit is interrupted (SIGINT) before it is killed, so that pytest reports wh
   throughput    the folds and codecs of both kernel sets on 256 MiB of float32 against a
                 device-to-device copy of the same bytes (target: 80% of its bandwidth),
                 and the two sets' outputs compared bit for bit
+  patterns      every float32 bit pattern (all 2^32), and every bfloat16 and float16 one,
+                through each codec with both kernel sets (encode, decode, quantize)
+                against the CPU ops, bit for bit
   allreduce     the layered default-mode, exact and fp8 all-reduce over NCCL against NCCL's
                 own all-reduce at 1 rank; the native CUDA all-reduce at 2 ranks on the GPU
                 (under MPS where its daemon starts, else time-sliced) against gloo
@@ -60,6 +63,7 @@ import sys
 from gpucheck.common import COPY_TARGET, ROOT, SYSTEM_COMPILERS
 from gpucheck.graphs import step_capture, step_graphs
 from gpucheck.orchestrate import orchestrate
+from gpucheck.patterns import step_patterns
 from gpucheck.steps import step_allreduce, step_host_cost, step_stream_wait, step_throughput, step_versions
 
 
@@ -124,6 +128,8 @@ def plan(dry):
              env=worlds(120, 6), mps=True),
         Step("throughput", 60, "folds and codecs on 256 MiB against a device copy (target %d%%)" % (100 * COPY_TARGET),
              own("throughput"), measures=True),
+        Step("patterns", 150, "every float32, bfloat16 and float16 bit pattern through each codec, CUDA and Triton "
+             "kernels: the CPU ops' bits", own("patterns"), measures=True),
         Step("allreduce", 120, "layered over NCCL against NCCL at 1 rank; native at 2 ranks on one GPU",
              own("allreduce"), measures=True),
         Step("host-cost", 60, "host time per call, the stream held: NCCL against layered (default, exact, fp8)",
@@ -141,7 +147,8 @@ def plan(dry):
     ]
 
 
-MEASURING = {"versions": step_versions, "throughput": step_throughput, "allreduce": step_allreduce,
+MEASURING = {"versions": step_versions, "throughput": step_throughput, "patterns": step_patterns,
+             "allreduce": step_allreduce,
              "host-cost": step_host_cost, "graphs": step_graphs, "capture": step_capture,
              "stream-wait": step_stream_wait}
 

@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from gpucheck.orchestrate import device_slug  # noqa: E402
 
-STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "allreduce",
-         "host-cost", "graphs", "capture", "stream-wait", "sanitizer"]
+STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "patterns",
+         "allreduce", "host-cost", "graphs", "capture", "stream-wait", "sanitizer"]
 
 
 def test_dry_run_plans_and_rehearses_every_step(tmp_path):
@@ -30,13 +30,18 @@ def test_dry_run_plans_and_rehearses_every_step(tmp_path):
     assert verdicts["build"].startswith("planned: ") and "--no-build-isolation --no-deps -e ." in verdicts["build"]
     for name in ("cuda-tests", "cuda-faults", "layered", "triton-tests", "sanitizer"):
         assert re.match(r"collected: [1-9]\d*(/\d+)? tests? collected", verdicts[name]), (name, verdicts[name])
-    for name in ("versions", "throughput", "allreduce", "host-cost", "graphs", "capture", "stream-wait"):
+    for name in ("versions", "throughput", "patterns", "allreduce", "host-cost", "graphs", "capture", "stream-wait"):
         assert verdicts[name] == "pass", (name, verdicts[name])
     results = {s["name"]: s["result"] for s in report["steps"] if s.get("result")}
     measured = {(r["kernels"], r["op"]) for r in results["throughput"]["rows"]}
     ops = {op for _, op in measured} - {"copy, device to device"}
     assert {k for k, _ in measured} == {"torch", "cuda", "triton"}
     assert measured >= {(k, op) for k in ("cuda", "triton") for op in ops} and len(ops) == 15
+    patterns = results["patterns"]["rows"]
+    assert {(r["codec"], r["input"], r["kernels"]) for r in patterns} == {
+        (c, i, k) for c in ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2") for i in ("float32", "bfloat16", "float16")
+        for k in ("cuda", "triton")}
+    assert all(r["patterns"] > 0 and not r["differences"] for r in patterns), patterns
     assert {r["backend"] for r in results["allreduce"]["rows"]} == {
         "gloo all_reduce", "layered over gloo, default mode", "layered over gloo, exact", "layered over gloo, fp8_e4m3"}
     assert {(r["backend"], r["bytes"]) for r in results["host-cost"]["rows"]} == {

@@ -22,6 +22,15 @@ def summary_markdown(report):
             "| kernels | op | us | GB/s | share of copy |", "|---|---|---|---|---|"]
         lines += ["| %s | %s | %.1f | %.0f | %.0f%% |" % (r["kernels"], r["op"], r["seconds"] * 1e6, r["GBps"],
                                                        100 * r["share"]) for r in thr]
+    pa = results.get("patterns")
+    if pa and pa.get("rows"):
+        lines += ["", "## Every bit pattern through the codecs, against the CPU ops", "",
+                  "| codec | input | layout | kernels | patterns | other bits than the CPU's |",
+                  "|---|---|---|---|---|---|"]
+        lines += ["| %s | %s | %s | %s | %d | %s |" % (
+            r["codec"], r["input"], r["layout"], r["kernels"], r["patterns"],
+            "; ".join("%s: %d, the first at %s" % (what, n, where) for what, (n, where) in r["differences"].items())
+            or "none") for r in pa["rows"]]
     ar = results.get("allreduce")
     if ar and ar.get("rows"):
         lines += ["", "## All-reduce, float32 SUM, blocking (median; native rows: slowest rank; %s)" % ar["mps"], "",
