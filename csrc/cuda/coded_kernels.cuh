@@ -84,29 +84,34 @@ template <class X>
 constexpr size_t kDataAlign = sizeof(X) * V < 16 ? sizeof(X) * V : 16;
 
 // One warp per codec block: lane l holds the V consecutive elements V l + 32 V g + [0, V)
-// for g = 0, 1, ..., so a warp reads 32 V consecutive elements at a time (16-byte loads
-// of float operands, 4- or 8-byte loads of codes where `vector`), the block-wide maxima are
-// warp shuffles and warps never wait for each other. First each input term's scale, as
-// its encoder would choose it (one pass over its block; an encoded term's scale is loaded
-// with its codes), then each element's fold over the terms, then the output, encoded with
-// the result's scale. Elements past the block's
-// end (its last group may be partial) are loaded as zeros and never stored or measured.
-// Exact mode is a template argument, as in fold_kernels.cuh: its double-precision sums
-// would otherwise set every variant's register count.
+// for g < groups (32 V g below the block's length m), so a warp reads 32 V consecutive
+// elements at a time (16-byte loads of float operands, 4- or 8-byte loads of codes where
+// `vector`). The block's values stay in registers (kGroups groups of V a lane covers the
+// largest block) and every operand is read once: an input term is loaded, its scale taken
+// from its largest magnitude (a warp-wide max, as its encoder would choose it), quantized
+// there and folded into the lane's sums; an encoded output's scale is the warp-wide max of
+// the sums, whose codes are written from the registers. No shared memory, no pre-pass.
+// Exact mode is the exception: its grid needs each element's largest magnitude over every
+// term before any term is added, so it reads the terms twice per group, the input terms'
+// scales found first (a pass over each) and kept in shared memory. Elements past m (the
+// last group may be partial) are loaded as zeros and never stored or measured. Exact mode
+// is a template argument, as in fold_kernels.cuh: its double-precision sums would
+// otherwise set every variant's register count.
 //
 // The launch's y index picks a pair of `pairs` (one term): segment y of the plain operand
 // and slot y of the encoded one, the output being the slot where the stage encodes, else
 // the segment. A fold of its operands whole is one pair at offset 0 (any number of terms).
 // Encoded operands are pieces of the pair's length (numerics.h's layout).
+constexpr int kGroups = kMaxCodecBlock / (32 * V);
+using Lanes = float[kGroups][V];  // a lane's values of a block, group by group
+
 template <class T, ReduceKind K, class Code, bool kExact>
 __global__ void __launch_bounds__(kThreads)
     coded_kernel(void* out, Terms t, SegmentSlots pairs, size_t block, Stage stage, float premul, int world,
                  bool quantize_inputs, bool vector) {
   using C = typename Code::Code;
-  __shared__ Scaled<Code> scales[kWarps][kMaxDeviceTerms];
-  extern __shared__ __align__(16) float results[];  // kWarps rows of `block`, for an encoded output only
+  __shared__ Scaled<Code> exact_scales[kExact ? kWarps : 1][kMaxDeviceTerms];  // exact mode's input scales
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Scaled<Code>* term_scale = scales[warp];
   const size_t warps = static_cast<size_t>(gridDim.x) * kWarps;
   const bool encoded = pairs.encodes(stage);
   const size_t pair = blockIdx.y;
@@ -119,135 +124,158 @@ __global__ void __launch_bounds__(kThreads)
   for (size_t b = static_cast<size_t>(blockIdx.x) * kWarps + warp; b * block < n; b += warps) {
     const size_t base = b * block;
     const int m = static_cast<int>(min(block, n - base));
+    const int groups = (m + 32 * V - 1) / (32 * V);  // the same in every lane: warp-wide steps agree
+    const auto first = [&](int g) { return V * lane + 32 * V * g; };
     const auto records = [&](const char* piece) { return records_of(piece, n, sizeof(C)).from(b, block, sizeof(C)); };
-    const auto inputs = [&](int j, int i, float (&v)[V]) {
-      T x[V];
-      load_group<kDataAlign<T>>(reinterpret_cast<const T*>(data(j)) + base, i, m, vector, x);
-#pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = contribution<K>(Numeric<T>::load(x[e]), premul);
-    };
-    for (int j = 0; j < t.k; ++j) {
-      if (t.form[j] == Form::Input && quantize_inputs) {
-        int32_t amax = 0;
-        for (int i = V * lane; i < m; i += 32 * V) {
-          float v[V];
-          inputs(j, i, v);
-#pragma unroll
-          for (int e = 0; e < V; ++e) amax = max(amax, finite_magnitude(v[e]));  // zeros past m
-        }
-        amax = warp_max(amax);
-        if (lane == 0) term_scale[j] = Scaled<Code>::of(amax);
-      }
-    }
-    __syncwarp();
-    const auto values = [&](int j, int i, float (&v)[V]) {
+    // Term j's group g, its contribution (PREMUL_SUM's factor applied) or its values.
+    const auto load = [&](int j, int g, float (&v)[V]) {
       switch (t.form[j]) {
-        case Form::Input:
-          inputs(j, i, v);
-          if (quantize_inputs) {
-            const Scaled<Code> s = term_scale[j];
+        case Form::Input: {
+          T x[V];
+          load_group<kDataAlign<T>>(reinterpret_cast<const T*>(data(j)) + base, first(g), m, vector, x);
 #pragma unroll
-            for (int e = 0; e < V; ++e) v[e] = Code::decode(s.encode(v[e])) * s.scale;
-          }
+          for (int e = 0; e < V; ++e) v[e] = contribution<K>(Numeric<T>::load(x[e]), premul);
           return;
+        }
         case Form::Partial:
-          load_group<kDataAlign<float>>(reinterpret_cast<const float*>(data(j)) + base, i, m, vector, v);
+          load_group<kDataAlign<float>>(reinterpret_cast<const float*>(data(j)) + base, first(g), m, vector, v);
           return;
         default: {  // every lane loads the scale: no wait between it and the codes
           const Records<const char> r = records(data(j));
           C codes[V];
-          load_group<kDataAlign<C>>(reinterpret_cast<const C*>(r.codes), i, m, vector, codes);
+          load_group<kDataAlign<C>>(reinterpret_cast<const C*>(r.codes), first(g), m, vector, codes);
           const float scale = *r.scales;
 #pragma unroll
           for (int e = 0; e < V; ++e) v[e] = Code::decode(codes[e]) * scale;
         }
       }
     };
-    // Each lane folds its elements; an encoded output goes through the warp's row of
-    // `results` (its scale needs the whole block's largest magnitude first).
-    const auto fold_group = [&](int i, float (&acc)[V]) {
-      float v[V];
-      if constexpr (kExact) {
+    const auto largest_finite = [&](const Lanes& v) {  // over the block (zeros past m), every lane gets it
+      int32_t amax = 0;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (g < groups) amax = max(amax, finite_magnitude(v[g][e]));
+      return warp_max(amax);
+    };
+    const auto quantize = [&](const Scaled<Code>& s, float (&v)[V]) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = Code::decode(s.encode(v[e])) * s.scale;
+    };
+    Lanes acc = {};
+    if constexpr (kExact) {
+      for (int j = 0; j < t.k; ++j) {
+        if (t.form[j] != Form::Input || !quantize_inputs) continue;
+        Lanes v;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g)
+          if (g < groups) load(j, g, v[g]);
+        const int32_t amax = largest_finite(v);
+        if (lane == 0) exact_scales[warp][j] = Scaled<Code>::of(amax);
+      }
+      __syncwarp();
+      // Term j's group g as the fold takes it: an input's contribution quantized.
+      const auto value = [&](int j, int g, float (&v)[V]) {
+        load(j, g, v);
+        if (t.form[j] == Form::Input && quantize_inputs) quantize(exact_scales[warp][j], v);
+      };
+      // Group by group, not unrolled (each group reads every term three times over: unrolled,
+      // the code would be kGroups times as long); acc is written by an unrolled select, so
+      // that it stays in registers.
+#pragma unroll 1
+      for (int g = 0; g < groups; ++g) {
+        float v[V], r[V];
         int32_t largest[V] = {};
         for (int j = 0; j < t.k; ++j) {
-          values(j, i, v);
+          value(j, g, v);
 #pragma unroll
           for (int e = 0; e < V; ++e) largest[e] = max(largest[e], magnitude_bits(v[e]));
         }
         double sum[V] = {};
         for (int j = 0; j < t.k; ++j) {
-          values(j, i, v);
+          value(j, g, v);
 #pragma unroll
           for (int e = 0; e < V; ++e) sum[e] += exact_grid_steps(v[e], exact_grid(largest[e]).up);
         }
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = exact_grid_value(sum[e], exact_grid(largest[e]).down);
-#pragma unroll
         for (int e = 0; e < V; ++e) {
+          r[e] = exact_grid_value(sum[e], exact_grid(largest[e]).down);
           if (!nonfinite_magnitude(largest[e])) continue;
           uint32_t seen = 0;
           for (int j = 0; j < t.k; ++j) {
-            values(j, i, v);
+            value(j, g, v);
             if (nonfinite_magnitude(magnitude_bits(v[e]))) seen |= nonfinite_kind(v[e]);
           }
-          acc[e] = exact_nonfinite<float>(seen);
+          r[e] = exact_nonfinite<float>(seen);
         }
-      } else {
-        values(0, i, acc);
-        for (int j = 1; j < t.k; ++j) {
-          values(j, i, v);
 #pragma unroll
-          for (int e = 0; e < V; ++e) acc[e] = reduce_op<K>(acc[e], v[e]);
+        for (int h = 0; h < kGroups; ++h)
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            if (h == g) acc[h][e] = r[e];
+      }
+      __syncwarp();  // exact_scales are rewritten for the next codec block
+    } else {
+      for (int j = 0; j < t.k; ++j) {
+        Lanes v;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g)
+          if (g < groups) load(j, g, v[g]);
+        if (t.form[j] == Form::Input && quantize_inputs) {
+          const Scaled<Code> s = Scaled<Code>::of(largest_finite(v));
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g)
+            if (g < groups) quantize(s, v[g]);
         }
-      }
-      if (K == ReduceKind::Avg && (stage == Stage::Final || stage == Stage::FinalEncoded)) {
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[e] = finalize<K>(acc[e], world);
+        for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+          for (int e = 0; e < V; ++e)
+            if (g < groups) acc[g][e] = j == 0 ? v[g][e] : reduce_op<K>(acc[g][e], v[g][e]);
       }
-    };
-    float* const result = results + warp * block;
-    int32_t amax = 0;
-    const auto emit_group = [&](int i, const float (&acc)[V]) {
-      if (encoded) {
-        store_group<kDataAlign<float>>(result, i, m, vector, acc);
+    }
+    if (K == ReduceKind::Avg && (stage == Stage::Final || stage == Stage::FinalEncoded)) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
 #pragma unroll
         for (int e = 0; e < V; ++e)
-          if (i + e < m) amax = max(amax, finite_magnitude(acc[e]));
-      } else if (stage == Stage::Partial) {
-        store_group<kDataAlign<float>>(static_cast<float*>(out) + base, i, m, vector, acc);
-      } else {
-        T stored[V];
-#pragma unroll
-        for (int e = 0; e < V; ++e) stored[e] = Numeric<T>::store(acc[e]);
-        store_group<kDataAlign<T>>(static_cast<T*>(out) + base, i, m, vector, stored);
-      }
-    };
-    // Two groups per pass, both folded before either is stored: their loads are in flight
-    // together (a store may alias the next loads, so they cannot move above it).
-    for (int i = V * lane; i < m; i += 2 * 32 * V) {
-      float first[V], second[V];
-      fold_group(i, first);
-      fold_group(i + 32 * V, second);  // past m: zeros, never stored
-      emit_group(i, first);
-      emit_group(i + 32 * V, second);
+          if (g < groups) acc[g][e] = finalize<K>(acc[g][e], world);
     }
     if (encoded) {
-      const Scaled<Code> s = Scaled<Code>::of(warp_max(amax));  // each lane reads back its own elements
+      // Past m: zeros, or what zeros fold to (finite), never measured.
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (g < groups && first(g) + e >= m) acc[g][e] = 0.0f;
+      const Scaled<Code> s = Scaled<Code>::of(largest_finite(acc));
       const Records<char> r = records_of(static_cast<char*>(out), n, sizeof(C)).from(b, block, sizeof(C));
       if (lane == 0) *r.scales = s.scale;
       // The last block's warp zeroes the piece's padding.
       if (lane == 0 && base + block >= n) zero_padding<Code>(static_cast<char*>(out), n, block);
-      C* codes = reinterpret_cast<C*>(r.codes);
-      for (int i = V * lane; i < m; i += 32 * V) {
-        float v[V];
-        C c[V];
-        load_group<kDataAlign<float>>(result, i, m, vector, v);
 #pragma unroll
-        for (int e = 0; e < V; ++e) c[e] = static_cast<C>(s.encode(v[e]));
-        store_group<kDataAlign<C>>(codes, i, m, vector, c);
+      for (int g = 0; g < kGroups; ++g) {
+        if (g >= groups) continue;
+        C c[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) c[e] = static_cast<C>(s.encode(acc[g][e]));
+        store_group<kDataAlign<C>>(reinterpret_cast<C*>(r.codes), first(g), m, vector, c);
+      }
+    } else if (stage == Stage::Partial) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g)
+        if (g < groups) store_group<kDataAlign<float>>(static_cast<float*>(out) + base, first(g), m, vector, acc[g]);
+    } else {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        if (g >= groups) continue;
+        T stored[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) stored[e] = Numeric<T>::store(acc[g][e]);
+        store_group<kDataAlign<T>>(static_cast<T*>(out) + base, first(g), m, vector, stored);
       }
     }
-    __syncwarp();  // term_scale and result are rewritten for the next codec block
   }
 }
 
@@ -258,8 +286,6 @@ void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
   const bool quantize_inputs = !(t.k == 1 && stage == Stage::Encoded);
   const Segments& seg = pairs.segments;
   const size_t longest = seg.length(0), blocks = (longest + spec.block - 1) / spec.block;
-  const bool encoded = pairs.encodes(stage);
-  const size_t shared = encoded ? kWarps * spec.block * sizeof(float) : 0;
   // Whole groups start aligned in every operand of every pair: block % V == 0 keeps each
   // block's first element (and its first code) as aligned as the operand's start.
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -269,9 +295,9 @@ void launch_typed(const ReduceSpec& spec, Stage stage, void* out, const Terms& t
   const size_t element = stage == Stage::Partial ? sizeof(float) : sizeof(T);
   for (size_t s = 1; vector && s < seg.parts; ++s) vector = seg.begin(s) * element % 16 == 0;
   const dim3 grid(grid_for(blocks * 32, target.multiprocessors), static_cast<unsigned>(seg.parts));
-  coded_kernel<T, K, Code, kExact><<<grid, kThreads, shared, target.stream>>>(out, t, pairs, spec.block, stage,
-                                                                              static_cast<float>(spec.reduction.premul),
-                                                                              spec.world_size, quantize_inputs, vector);
+  coded_kernel<T, K, Code, kExact><<<grid, kThreads, 0, target.stream>>>(out, t, pairs, spec.block, stage,
+                                                                         static_cast<float>(spec.reduction.premul),
+                                                                         spec.world_size, quantize_inputs, vector);
 }
 
 }  // namespace coded_kernels

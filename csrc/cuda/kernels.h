@@ -51,8 +51,8 @@ void dispatch_fold(const ReduceSpec& spec, F&& f) {
 }
 
 constexpr int kThreads = 256;
-// The largest codec block of a coded fold (a warp per codec block; an encoded output's
-// values wait in shared memory: kThreads * 4 bytes per 32 elements of block, 32 KiB at most).
+// The largest codec block of a coded fold (a warp per codec block, whose values its lanes
+// hold in registers: kMaxCodecBlock / 32 each).
 constexpr int kMaxCodecBlock = 1024;
 
 // Blocks for `work_items` threads' worth of work, at most 16 per multiprocessor (the
