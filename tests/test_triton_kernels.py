@@ -394,6 +394,27 @@ def test_compiled_fold_divides_and_multiplies_as_the_cpu(monkeypatch):
         "the fold kernel differs between world sizes"
 
 
+def test_compiled_codecs_move_codes_in_wide_accesses(monkeypatch):
+    """Code layout 2 (codes from a piece's 16-byte-aligned start, scales after them): the
+    encoder compiled for sm_90 stores, and the decoder loads, each thread's codes in one
+    access of 8 bytes (fp8) or 16 (fp16), where layout 1's codes, 4 bytes past each scale,
+    took 4-byte accesses."""
+    skip_without_compiler()
+    launches = Launches()
+    monkeypatch.setattr(triton_kernels, "_fold_kernel", launches)
+    n, block, sum_ = 1 << 16, 256, dist.ReduceOp.SUM
+    for codec in ("fp8_e4m3", "fp16"):
+        x = torch.randn(n)
+        enc = torch.zeros(_C.encoded_size(codec, block, n), dtype=torch.uint8)
+        triton_kernels.fold(enc, [x], [Form.Input], torch.float32, n, sum_, 1, False, codec, block, Stage.Encoded)
+        triton_kernels.fold(x, [enc], [Form.Encoded], torch.float32, n, sum_, 1, False, codec, block, Stage.Final)
+    compiled = compile_sm90({"pycomm.kernels.triton:_fold_kernel": launches})
+    encode8, decode8, encode16, decode16 = (ptx for _, ptx in compiled)
+    for ptx, access in ((encode8, r"st\.global\.v2\.b32"), (decode8, r"ld\.global\.v2\.b32"),
+                        (encode16, r"st\.global\.v4\.b32"), (decode16, r"ld\.global\.v4\.b32")):
+        assert re.search(r"\b" + access + r"\b", ptx), access
+
+
 def test_compiled_stamp_kernels(monkeypatch):
     """The stamps' kernels compiled for sm_90, as write_stamp and judge_stamps launch them:
     the words as arguments, the verdict released to the host."""
