@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .call import Call
-from .layout import ONESHOT, PAIRWISE, STAMP_BYTES, slot
+from .layout import ONESHOT, PAIRWISE, STAMP_BYTES
 from .mover import _ALL_GATHER
 from .stamps import opening
 
@@ -113,7 +113,7 @@ def _received(call, begins, part):
     order, this rank's None, their forms)."""
     layout, n, r = call.layout, call.size, call.rank
     wire = layout.wire(begins[r + 1] - begins[r])
-    width = slot(layout.wire(begins[1] - begins[0])) if layout.coded else wire
+    width = layout.wire(begins[1] - begins[0]) if layout.coded else wire
     received = call.buffer("received", part, n * width)
     pieces = [None if p == r else received[p * width:p * width + wire] for p in range(n)]
     forms = [Form.Input if p == r or not layout.coded else Form.Encoded for p in range(n)]
@@ -189,7 +189,7 @@ def _direct_part(call, part, index):
     # Steps 3 and 4: this rank's result (encoded under a codec) in a slot of the longest
     # segment's (segment 0's) size, the size every rank gives the all-gather.
     lengths = [begins[s + 1] - begins[s] for s in range(n)]
-    width = slot(wire(lengths[0])) if coded else wire(lengths[0])
+    width = wire(lengths[0])
     stage = Stage.FinalEncoded if coded else Stage.Final
     call.wait(moving)
     if layout.variant == PAIRWISE:
@@ -290,7 +290,7 @@ def _hierarchical_part(call, flat, shards, start, q, index):
     begins = layout.segments(*segments)
     seg_len = [begins[j + 1] - begins[j] for j in range(N)]
     wire = [layout.wire(n, partial.element_size()) for n in seg_len]
-    width = slot(wire[0]) if coded else wire[0]
+    width = wire[0]
     if coded:  # encoded all at once into slots of the longest's size, which travel whole
         send = call.buffer("sent across", index, N * width)
         call.fold_segments(partial, send, segments, host, width, Stage.Encoded, **across)
@@ -345,17 +345,11 @@ def reduce_scatter_tensor(output, input, op, group, algorithm, compression, dete
                     lambda: _stage_segments(call, flat_in, count))
 
 
-def _segment_slot(layout, count):
-    """The bytes of one of a one-shot reduce-scatter's segments of ``count`` elements in its
-    data: raw, or encoded in a slot."""
-    return slot(layout.wire(count)) if layout.coded else layout.wire(count)
-
-
 def _stage_segments(call, flat_in, count):
     """A reduce-scatter's input as one-shot data: raw, or each rank's segment encoded from
     its first element (as the direct algorithm's codec blocks start) into a slot."""
     layout = call.layout
-    width = _segment_slot(layout, count)
+    width = layout.wire(count)
     data = _message(call, call.size * width)
     if layout.coded:
         call.fold_segments(flat_in, data, (count * call.size, call.size, 1), -1, width, Stage.Encoded)
@@ -368,7 +362,7 @@ def _reduce_scatter(call, output, out, flat_in):
     if count == 0:
         return
     if layout.variant == ONESHOT:  # this rank's segment folded from every rank's data
-        width = _segment_slot(layout, count)
+        width = layout.wire(count)
         terms, forms = _oneshot_terms(call, flat_in[r * count:(r + 1) * count], r * width, layout.wire(count))
     else:  # blocks start at each rank's segment
         moving, terms, forms = _exchange(call, flat_in, (count * n, n, 1))
@@ -418,7 +412,7 @@ def _all_gather(call, output, out, flat_in):
         received = opening(call.record, call.device).received
         gathered, width = received.view(-1)[STAMP_BYTES:], received.shape[1]
     else:
-        width = slot(size)
+        width = size
         gathered = call.buffer("gathered", 0, n * width)
         blocks = _pieces(gathered, [width] * n)
         if layout.variant == PAIRWISE:  # this rank's own encoded into its slot, the others' into theirs

@@ -46,12 +46,6 @@ def opening_bytes(size):
     return max(1 << 10, OPENING_BUDGET // size) // 16 * 16
 
 
-def slot(nbytes):
-    """Room for an encoded piece in a buffer of several: a multiple of 16 bytes, so that
-    every piece starts aligned for the kernels (an encoded piece's size is one already)."""
-    return -(-nbytes // 16) * 16
-
-
 class _Layout:
     """One kind of call on a group, as every call of it runs. Made inside the kind's first
     call (the group's first call finds the mover's hosts, with collectives), on every rank
@@ -88,7 +82,8 @@ class _Layout:
 
     def wire(self, count, element_bytes=None):
         """The bytes of ``count`` elements (of ``element_bytes`` each, the call's by default)
-        on the wire: raw, or encoded."""
+        on the wire: raw, or encoded (a multiple of _C.PIECE_ALIGN, so that encoded pieces
+        laid end to end in a buffer all start aligned for the kernels)."""
         if self.coded:
             return _C.encoded_size(self.codec, self.block, count) if count else 0
         return count * (element_bytes or self.element_bytes)
