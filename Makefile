@@ -78,8 +78,17 @@ CUDA_GENCODE := $(foreach a,$(subst ;, ,$(PYCOMM_CUDA_ARCH)),-gencode=arch=compu
 CUDA_CHECK_FLAGS := -std=c++17 -O3 -fmad=false -Xcicc -O1 -Icsrc $(CUDA_GENCODE)
 CUDA_CHECK_DIR := build/cuda-check
 CUDA_STAMPS := $(patsubst csrc/cuda/%.cu,$(CUDA_CHECK_DIR)/%.ok,$(CU_SOURCES))
+# tests/cuda/test_conversions.cu: the kernels' conversions (cuda/conversions.cuh) against
+# numerics.h's on the host, where the CUDA headers convert in software as the GPU's
+# instructions do; sampled here, every float32 pattern with `--all` (bench/README.md).
+CONVERSIONS_TEST := $(CUDA_CHECK_DIR)/test_conversions
 ifneq ($(and $(NVCC),$(CU_SOURCES)),)
-cuda-check: $(CUDA_STAMPS)
+cuda-check: $(CUDA_STAMPS) $(CONVERSIONS_TEST).ok
+$(CONVERSIONS_TEST): tests/cuda/test_conversions.cu $(CUDA_CHECK_DIR)/flags
+	@echo "nvcc $< (host)"
+	@$(NVCC) -std=c++17 -O2 -Icsrc -x cu -MD -MF $@.d -MT $@ $< -o $@
+$(CONVERSIONS_TEST).ok: $(CONVERSIONS_TEST)
+	@$< && touch $@
 $(CUDA_CHECK_DIR)/flags: FORCE
 	@mkdir -p $(@D); echo '$(CUDA_CHECK_FLAGS) $(shell $(NVCC) --version | tail -n 1)' > $@.new; \
 	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
@@ -197,10 +206,10 @@ layer-check:
 # lint: ruff over the Python (pyproject.toml's [tool.ruff]) and clang-format over the C++
 # (.clang-format); it changes nothing and fails naming what is off. `make format` applies
 # clang-format's layout to the C++.
-CXX_FORMATTED = $(shell find csrc tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
+CXX_FORMATTED = $(shell find csrc tests/cpp tests/cuda -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 lint: $(DEPS_STAMP)
 	@$(PY) -m ruff check --quiet pycomm tests bench setup.py && echo "lint: ruff: pycomm, tests, bench"
-	@$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FORMATTED) && echo "lint: clang-format: csrc, tests/cpp"
+	@$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FORMATTED) && echo "lint: clang-format: csrc, tests/cpp, tests/cuda"
 format: $(DEPS_STAMP)
 	$(VENV)/bin/clang-format -i $(CXX_FORMATTED)
 

@@ -63,10 +63,14 @@ PYCOMM_HD uint32_t half_bits_from_float(float f) {
   return sign | r;
 }
 
+// The float32 bits of a binary16 infinity or NaN (`em`, its bits but the sign, at least
+// 0x7c00): a NaN's payload is kept.
+PYCOMM_HD uint32_t float_bits_of_half_special(uint32_t em) { return 0x7f800000u | ((em & 0x3ffu) << 13); }
+
 PYCOMM_HD float float_from_half_bits(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t em = h & 0x7fffu;
-  const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);
+  const uint32_t special = float_bits_of_half_special(em);
   const uint32_t normal = (em << 13) + 0x38000000u;
   const uint32_t sub =
       bit_cast_<uint32_t>(static_cast<float>(static_cast<int32_t>(em)) * 5.9604644775390625e-8f);  // em * 2^-24
@@ -359,8 +363,9 @@ PYCOMM_HD double binned_value(double hi, double lo) {
 
 // ---- Wire codecs (compression) ----
 //
-// An encoded buffer of n elements is a sequence of blocks of `block` elements (the last
-// may be shorter), each stored as [fp32 scale][codes]. The scale is a power of two, 2^e,
+// An encoded buffer of n elements is cut into blocks of `block` elements (the last may be
+// shorter), each with an fp32 scale and its codes (laid out as "The wire layout" below
+// says). The scale is a power of two, 2^e,
 // chosen per block as the smallest that brings the block's largest finite magnitude
 // within the code's `kTarget`; a code holds value / scale rounded to nearest even, so a
 // decoded value is code * scale. Power-of-two scales make the scaling exact: encoding is
@@ -402,45 +407,57 @@ PYCOMM_HD float float_from_fp8_finite(uint32_t c) {
 }
 
 // One code format per codec: Code (the stored integer), kScaled (whether blocks are
-// scaled at all), kTarget (the largest magnitude a finite scaled value may have),
-// encode(scaled value, any float) -> the code widened to uint32_t, decode(code).
+// scaled at all), kTarget (the largest magnitude a finite scaled value may have), kNan and
+// kInf (the codes of every NaN and of +infinity), encode(scaled value, any float) -> the
+// code widened to uint32_t, decode(code).
 // Every NaN has one code in each format (0x7e00 here, 0x7fc0 in bf16, 0x7f in fp8): a NaN
 // that arithmetic makes has no portable sign (x86 makes 0xffc00000, a GPU 0x7fffffff), and
 // the codes must be the same bytes on every device.
+
+// The code of v, given `rounded`: v rounded to nearest even in Code's format where v is
+// finite (by the software conversions here, or by a GPU's instructions in
+// cuda/conversions.cuh); Code's NaN code for a NaN, its infinity with v's sign for one.
+template <class Code>
+PYCOMM_HD uint32_t code_of(float v, uint32_t rounded) {
+  constexpr int kBits = 8 * sizeof(typename Code::Code);
+  const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
+  const uint32_t inf = ((x >> (32 - kBits)) & (1u << (kBits - 1))) | Code::kInf;
+  return ax > 0x7f800000u ? Code::kNan : ax == 0x7f800000u ? inf : rounded;
+}
+
 struct CodeFp16 {
   using Code = uint16_t;
   static constexpr bool kScaled = true;
   static constexpr float kTarget = 65504.0f;
-  static PYCOMM_HD uint32_t encode(float v) {
-    return (bit_cast_<uint32_t>(v) & 0x7fffffffu) > 0x7f800000u ? 0x7e00u : half_bits_from_float(v);
-  }
+  static constexpr uint32_t kNan = 0x7e00u, kInf = 0x7c00u;
+  static PYCOMM_HD uint32_t encode(float v) { return code_of<CodeFp16>(v, half_bits_from_float(v)); }
   static PYCOMM_HD float decode(uint32_t c) { return float_from_half_bits(c); }
 };
 struct CodeBf16 {  // fp32's range: the scale is always 1
   using Code = uint16_t;
   static constexpr bool kScaled = false;
   static constexpr float kTarget = 3.4028234663852886e38f;
-  static PYCOMM_HD uint32_t encode(float v) { return bf16_bits_from_float(v); }
+  static constexpr uint32_t kNan = 0x7fc0u, kInf = 0x7f80u;
+  static PYCOMM_HD uint32_t encode(float v) { return code_of<CodeBf16>(v, bf16_bits_from_float(v)); }
   static PYCOMM_HD float decode(uint32_t c) { return float_from_bf16_bits(c); }
 };
 // The 8-bit codes: NaN is 0x7f (and, for e5m2, every code above Inf's); Inf is kInf,
 // with the sign bit for -Inf.
-template <int E, int M, uint32_t kInf>
+template <int E, int M, uint32_t kInfCode>
 struct CodeFp8 {
   using Code = uint8_t;
+  static constexpr int kExponentBits = E, kMantissaBits = M;
   static constexpr bool kScaled = true;
-  static PYCOMM_HD uint32_t encode(float v) {
-    const uint32_t x = bit_cast_<uint32_t>(v), ax = x & 0x7fffffffu;
-    const uint32_t finite = fp8_bits_from_finite<E, M>(v);
-    const uint32_t inf = ((x >> 24) & 0x80u) | kInf;
-    return ax > 0x7f800000u ? 0x7fu : ax == 0x7f800000u ? inf : finite;
+  static constexpr uint32_t kNan = 0x7fu, kInf = kInfCode;
+  static PYCOMM_HD uint32_t encode(float v) { return code_of<CodeFp8>(v, fp8_bits_from_finite<E, M>(v)); }
+  // The value of code c, given `magnitude`: |c|'s value where c is finite.
+  static PYCOMM_HD float value_of(uint32_t c, float magnitude) {
+    const uint32_t sign = (c & 0x80u) << 24, em = c & 0x7fu;
+    return bit_cast_<float>(em > kInf    ? 0x7fc00000u
+                            : em == kInf ? sign | 0x7f800000u
+                                         : sign | bit_cast_<uint32_t>(magnitude));
   }
-  static PYCOMM_HD float decode(uint32_t c) {
-    const uint32_t sign = (c & 0x80u) << 24;
-    const uint32_t finite = bit_cast_<uint32_t>(float_from_fp8_finite<E, M>(c));
-    const uint32_t em = c & 0x7fu;
-    return bit_cast_<float>(em > kInf ? 0x7fc00000u : em == kInf ? sign | 0x7f800000u : finite);
-  }
+  static PYCOMM_HD float decode(uint32_t c) { return value_of(c, float_from_fp8_finite<E, M>(c & 0x7fu)); }
 };
 // e4m3 has no Inf: its largest finite code (448) stands for it, finite values stay <= 416.
 struct CodeFp8E4M3 : CodeFp8<4, 3, 0x7e> {

@@ -1,13 +1,15 @@
 // Folds with a codec (kernels.h): one warp per codec block, because scales are per codec
 // block: a block's largest magnitudes are reductions over the block (an input's, to
 // quantize it as its encoder would; the result's, to encode it). The arithmetic is
-// BlockCodec's of cpu_ops.cc, element by element. Each codec's launcher is instantiated
-// in a file of its own (coded_kernels_<codec>.cu), so that they compile in parallel.
+// BlockCodec's of cpu_ops.cc, element by element, its conversions computed as
+// conversions.cuh computes them (the same bits). Each codec's launcher is instantiated in
+// a file of its own (coded_kernels_<codec>.cu), so that they compile in parallel.
 #pragma once
 
 #include <type_traits>
 
 #include "core/dispatch.h"
+#include "cuda/conversions.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 
@@ -22,27 +24,31 @@ __device__ __forceinline__ int32_t warp_max(int32_t v) {
   return v;
 }
 
-// BlockCodec of cpu_ops.cc, per element: scale and its inverse, and whether codes may
-// round up to infinity (then finite values saturate one code down).
-template <class Code>
+constexpr int kWarps = kThreads / 32;
+constexpr int V = 4;  // consecutive elements per lane (even: conversions come in pairs)
+
+// BlockCodec of cpu_ops.cc, for a lane's V values: scale and its inverse, and whether codes
+// may round up to infinity (then finite values saturate one code down). D: a DeviceCode.
+template <class D>
 struct Scaled {
   float scale = 1.0f, inv = 1.0f;
   bool overflow = false;
   __device__ static Scaled of(int32_t amax) {
     Scaled s;
-    s.scale = block_scale<Code>(bit_cast_<float>(amax));
+    s.scale = block_scale<D>(bit_cast_<float>(amax));
     s.inv = inverse_scale(s.scale);
-    s.overflow = block_may_overflow<Code>(bit_cast_<float>(amax), s.scale);
+    s.overflow = block_may_overflow<D>(bit_cast_<float>(amax), s.scale);
     return s;
   }
-  __device__ uint32_t encode(float v) const {
-    const uint32_t code = Code::encode(v * inv);
-    return overflow ? saturated_code<Code>(v, code, scale) : code;
+  __device__ void encode(const float (&v)[V], uint32_t (&codes)[V]) const {
+#pragma unroll
+    for (int e = 0; e < V; e += 2) D::encode_pair(v[e] * inv, v[e + 1] * inv, codes[e], codes[e + 1]);
+    if (overflow) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) codes[e] = saturated_code<D>(v[e], codes[e], scale);
+    }
   }
 };
-
-constexpr int kWarps = kThreads / 32;
-constexpr int V = 4;  // consecutive elements per lane
 
 template <class X, size_t kAlign>
 struct alignas(kAlign) Pack {
@@ -110,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
     coded_kernel(void* out, Terms t, SegmentSlots pairs, size_t block, Stage stage, float premul, int world,
                  bool quantize_inputs, bool vector) {
   using C = typename Code::Code;
-  __shared__ Scaled<Code> exact_scales[kExact ? kWarps : 1][kMaxDeviceTerms];  // exact mode's input scales
+  using D = DeviceCode<Code>;
+  __shared__ Scaled<D> exact_scales[kExact ? kWarps : 1][kMaxDeviceTerms];  // exact mode's input scales
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t warps = static_cast<size_t>(gridDim.x) * kWarps;
   const bool encoded = pairs.encodes(stage);
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
           load_group<kDataAlign<C>>(reinterpret_cast<const C*>(r.codes), first(g), m, vector, codes);
           const float scale = *r.scales;
 #pragma unroll
-          for (int e = 0; e < V; ++e) v[e] = Code::decode(codes[e]) * scale;
+          for (int e = 0; e < V; ++e) v[e] = D::decode(codes[e]) * scale;
         }
       }
     };
@@ -159,9 +166,11 @@ __global__ void __launch_bounds__(kThreads)
           if (g < groups) amax = max(amax, finite_magnitude(v[g][e]));
       return warp_max(amax);
     };
-    const auto quantize = [&](const Scaled<Code>& s, float (&v)[V]) {
+    const auto quantize = [&](const Scaled<D>& s, float (&v)[V]) {
+      uint32_t codes[V];
+      s.encode(v, codes);
 #pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = Code::decode(s.encode(v[e])) * s.scale;
+      for (int e = 0; e < V; ++e) v[e] = D::decode(codes[e]) * s.scale;
     };
     Lanes acc = {};
     if constexpr (kExact) {
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int g = 0; g < kGroups; ++g)
           if (g < groups) load(j, g, v[g]);
         const int32_t amax = largest_finite(v);
-        if (lane == 0) exact_scales[warp][j] = Scaled<Code>::of(amax);
+        if (lane == 0) exact_scales[warp][j] = Scaled<D>::of(amax);
       }
       __syncwarp();
       // Term j's group g as the fold takes it: an input's contribution quantized.
@@ -223,7 +232,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int g = 0; g < kGroups; ++g)
           if (g < groups) load(j, g, v[g]);
         if (t.form[j] == Form::Input && quantize_inputs) {
-          const Scaled<Code> s = Scaled<Code>::of(largest_finite(v));
+          const Scaled<D> s = Scaled<D>::of(largest_finite(v));
 #pragma unroll
           for (int g = 0; g < kGroups; ++g)
             if (g < groups) quantize(s, v[g]);
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < V; ++e)
           if (g < groups && first(g) + e >= m) acc[g][e] = 0.0f;
-      const Scaled<Code> s = Scaled<Code>::of(largest_finite(acc));
+      const Scaled<D> s = Scaled<D>::of(largest_finite(acc));
       const Records<char> r = records_of(static_cast<char*>(out), n, sizeof(C)).from(b, block, sizeof(C));
       if (lane == 0) *r.scales = s.scale;
       // The last block's warp zeroes the piece's padding.
@@ -257,9 +266,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
         if (g >= groups) continue;
+        uint32_t codes[V];
+        s.encode(acc[g], codes);
         C c[V];
 #pragma unroll
-        for (int e = 0; e < V; ++e) c[e] = static_cast<C>(s.encode(acc[g][e]));
+        for (int e = 0; e < V; ++e) c[e] = static_cast<C>(codes[e]);
         store_group<kDataAlign<C>>(reinterpret_cast<C*>(r.codes), first(g), m, vector, c);
       }
     } else if (stage == Stage::Partial) {
