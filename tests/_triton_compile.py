@@ -14,8 +14,10 @@ import sys
 
 import pytest
 
-# Approximate division or reciprocal, and fused multiply-adds: what the CPU ops never do.
-INEXACT_PTX = re.compile(r"\b(?:div\.(?:full|approx)|rcp\.approx|fma\.|mad(?:\.[a-z]+)*\.f(?:16|32|64))[\w.]*")
+# Approximate division or reciprocal, fused multiply-adds, and arithmetic that flushes
+# subnormals to zero: what the CPU ops never do.
+INEXACT_PTX = re.compile(r"\b(?:div\.(?:full|approx)|rcp\.approx|fma\.|mad(?:\.[a-z]+)*\.f(?:16|32|64)"
+                         r"|[a-z]+\.(?:[a-z]+\.)*ftz)[\w.]*")
 
 # Reads (kernel "module:name", its launches' (args, kwargs)) pairs as a pickle,
 # specializes each launch as Triton's launcher does, writes (kernel, PTX) pairs. argv[1]:

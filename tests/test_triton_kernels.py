@@ -103,6 +103,74 @@ def test_codecs_match_cpu(codec):
             assert _equal(cpu, tri), (codec, dtype, block, "decode")
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_decodes_every_code(codec):
+    """Every code of the codec (all 256, or all 65536), decoded with scale 1 to float32
+    (and to the 16-bit types), as the CPU ops decode it."""
+    code_bytes = 1 if codec.startswith("fp8") else 2
+    n = 1 << (8 * code_bytes)
+    block = min(n, 1024)
+    piece = torch.zeros(_C.encoded_size(codec, block, n), dtype=torch.uint8)
+    codes = torch.arange(n, dtype=torch.int32).to(torch.uint8 if code_bytes == 1 else torch.int16)
+    piece[:n * code_bytes] = codes.view(torch.uint8)
+    scales_at = n * code_bytes  # a multiple of the piece's alignment already
+    piece[scales_at:scales_at + 4 * (n // block)] = torch.ones(n // block).view(torch.uint8)
+    for dtype in FLOATS:
+        cpu, tri = _both(torch.zeros(n, dtype=dtype), [piece], [Form.Encoded], dtype, n, dist.ReduceOp.SUM, 1,
+                         False, codec, block, Stage.Final)
+        assert _equal(cpu, tri), (codec, dtype, (cpu.view(torch.uint8) != tri.view(torch.uint8)).nonzero()[:5])
+
+
+# Near float32's maximum, where a block's largest code times its scale exceeds it: each
+# codec's edge, the float32 bits from which values round to the code of float32's maximum
+# (a tie, which rounds up to it).
+TOP_EDGES = {"fp16": 0x7F7FF000, "bf16": 0x7F7F8000, "fp8_e4m3": 0x7F780000, "fp8_e5m2": 0x7F700000}
+FLOAT32_MAX_BITS = 0x7F7FFFFF
+
+
+def _near_float32_max(blocks, block, seed):
+    """float32 values in ``blocks`` blocks of ``block``, in random order and of random signs:
+    each block's largest magnitude at, or one ulp either side of, a codec's edge or float32's
+    maximum; every edge up to it; random bits from 2^20 below the lowest edge up to it; and
+    in every other block NaN, both infinities and -0.0."""
+    g = torch.Generator().manual_seed(seed)
+    edges = [*TOP_EDGES.values(), FLOAT32_MAX_BITS]
+    tops = torch.tensor([e + d for e in edges for d in (-1, 0, 1) if e + d <= FLOAT32_MAX_BITS])
+    top = tops[torch.arange(blocks) % len(tops)][:, None]
+    low = min(edges) - (1 << 20)
+    bits = low + (torch.rand(blocks, block, generator=g, dtype=torch.float64) * (top - low + 1)).long()
+    bits[:, 0] = top[:, 0]
+    bits[:, 1:len(edges) + 1] = torch.minimum(torch.tensor(edges), top)
+    x = (bits.to(torch.int32).view(torch.float32) * (torch.randint(0, 2, bits.shape, generator=g) * 2 - 1))
+    x[1::2, -4:] = torch.tensor(SPECIALS)
+    return x.gather(1, torch.rand(blocks, block, generator=g).argsort(1)).flatten()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_codecs_saturate_near_float32_max(codec):
+    """Blocks near float32's maximum (_near_float32_max), in float32 and bfloat16: encoded,
+    decoded and quantized as the CPU ops do, a finite value whose code would decode to
+    infinity saturating one code down (numerics.h saturated_code)."""
+    block = 16
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _near_float32_max(28, block, 3)[:-3].to(dtype)  # each largest magnitude twice; a partial block
+        n = x.numel()
+        cpu, tri = _both(_output(dtype, n, codec, block, Stage.Encoded), [x], [Form.Input], dtype, n,
+                         dist.ReduceOp.SUM, 1, False, codec, block, Stage.Encoded)
+        assert torch.equal(cpu, tri), (codec, dtype, "encode", (cpu != tri).nonzero()[:5].flatten())
+        assert torch.equal(cpu, _C.encode(x, codec, block, None))
+        decoded = _C.decode(cpu, codec, block, n, torch.float32)
+        cpu, tri = _both(torch.zeros(n, dtype=torch.float32), [cpu], [Form.Encoded], dtype, n, dist.ReduceOp.SUM, 1,
+                         False, codec, block, Stage.Partial)
+        assert _equal(cpu, tri) and _equal(cpu, decoded), (codec, dtype, "decode")
+        cpu, tri = _both(torch.zeros(n, dtype=torch.float32), [x], [Form.Input], dtype, n, dist.ReduceOp.SUM, 1,
+                         False, codec, block, Stage.Partial)  # one input, quantized
+        assert _equal(cpu, tri) and _equal(cpu, decoded), (codec, dtype, "quantize")
+        if dtype == torch.float32:  # the case is met: values at or past the edge come back finite
+            saturated = x.isfinite() & (x.abs().view(torch.int32) >= TOP_EDGES[codec])
+            assert saturated.sum() >= 16 and decoded[saturated].isfinite().all(), codec
+
+
 def _op(name):
     # PREMUL_SUM's factor is not a float32: float64 data keep it whole, the others round it.
     return dist._make_nccl_premul_sum(1 / 3) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)

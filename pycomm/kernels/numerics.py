@@ -1,9 +1,10 @@
 """The formats and codecs of core/numerics.h as Triton functions, for the kernels of
 pycomm/kernels/triton.py and pycomm/kernels/binned.py (whose docstrings state the exactness
-rules they keep): every conversion written with integer bit operations, rounding to nearest
-even, NaN and infinities as there; codec blocks scaled by powers of two and quantized as the
-CPU ops quantize them. Also the numbers the kernels share with the C++ code, read from
-``pycomm._C``, which exports them from its own definitions."""
+rules they keep): every rounding written with integer bit operations, to nearest even, NaN
+and infinities as there, and codes widened by an exact multiply; codec blocks scaled by
+powers of two and quantized as the CPU ops quantize them. Also the numbers the kernels
+share with the C++ code, read from ``pycomm._C``, which exports them from its own
+definitions."""
 from __future__ import annotations
 
 import math
@@ -55,13 +56,21 @@ def half_bits(f):
 
 
 @triton.jit
+def _magnitude_of_finite(em, E: tl.constexpr, M: tl.constexpr):
+    """The value of a finite code's exponent and mantissa bits em, in a float format of E
+    and M bits: those fields placed in a float32's, times 2^(127 - bias). Exact, subnormal
+    codes included (a subnormal float32 times a power of two; float32 multiplies keep
+    subnormals), and one multiply where the integer formulas take a conversion and selects."""
+    BIAS: tl.constexpr = (1 << (E - 1)) - 1
+    return f32(em << (23 - M)) * f32(tl.full(em.shape, (254 - BIAS) << 23, tl.uint32))
+
+
+@triton.jit
 def from_half_bits(h):
     sign = (h & 0x8000) << 16
     em = h & 0x7FFF
     special = 0x7F800000 | ((em & 0x3FF) << 13)
-    normal = (em << 13) + 0x38000000
-    sub = _f32_bits(em.to(tl.int32).to(tl.float32) * 5.9604644775390625e-8)
-    return f32(sign | tl.where(em >= 0x7C00, special, tl.where(em >= 0x400, normal, sub)))
+    return f32(sign | tl.where(em >= 0x7C00, special, _f32_bits(_magnitude_of_finite(em, 5, 10))))
 
 
 @triton.jit
@@ -93,13 +102,7 @@ def _fp8_bits_from_finite(f, E: tl.constexpr, M: tl.constexpr):
 
 @triton.jit
 def _from_fp8_finite(c, E: tl.constexpr, M: tl.constexpr):
-    BIAS: tl.constexpr = (1 << (E - 1)) - 1
-    SUB_ULP: tl.constexpr = (127 + 1 - BIAS - M) << 23
-    sign = (c & 0x80) << 24
-    em = c & 0x7F
-    normal = (em << (23 - M)) + ((127 - BIAS) << 23)
-    sub = _f32_bits(em.to(tl.int32).to(tl.float32) * f32(tl.full(em.shape, SUB_ULP, tl.uint32)))
-    return f32(sign | tl.where(em < (1 << M), sub, normal))
+    return f32(((c & 0x80) << 24) | _f32_bits(_magnitude_of_finite(c & 0x7F, E, M)))
 
 
 @triton.jit
@@ -196,13 +199,20 @@ def _finite_magnitude(v):
 
 @triton.jit
 def saturated_codes(v, amax, scale, CODEC: tl.constexpr):
-    """Codes of v with its block's scale; finite values whose code would decode to
-    infinity saturate one code down (numerics.h saturated_code)."""
+    """Codes of v with its block's scale (amax: the block's largest finite magnitude);
+    finite values whose code would decode to infinity saturate one code down (numerics.h
+    saturated_code). Only a code of amax's own magnitude can: rounding is monotonic, so a
+    finite v's code is at most amax's in magnitude, and where amax's code overflows
+    (may_overflow, numerics.h block_may_overflow) the code below it decodes below amax /
+    scale (whose nearest code is amax's), a quotient exact there (at least 2: a normal
+    float), so times the scale it stays below amax. NaN and infinities keep their codes
+    (bf16's infinity is amax's code there: hence the test for a finite v)."""
+    MAGNITUDE: tl.constexpr = 0x7FFF if CODEC == FP16 or CODEC == BF16 else 0x7F
     inv = _inverse_scale(scale)
     codes = _encode(v * inv, CODEC)
-    may_overflow = magnitude_bits(decode(_encode(amax * inv, CODEC), CODEC) * scale) == 0x7F800000
-    overflows = magnitude_bits(decode(codes, CODEC) * scale) == 0x7F800000
-    saturate = may_overflow & overflows & (magnitude_bits(v) < 0x7F800000)
+    top = _encode(amax * inv, CODEC)  # amax >= 0: its code has no sign bit
+    may_overflow = magnitude_bits(decode(top, CODEC) * scale) == 0x7F800000
+    saturate = may_overflow & ((codes & MAGNITUDE) == top) & (magnitude_bits(v) < 0x7F800000)
     return tl.where(saturate, codes - 1, codes)
 
 

@@ -6,11 +6,15 @@ for sm_90 to check the PTX for the rules below.
 
 Exactness rules, which make the interpreter, the GPU and the CPU compute the same bits:
 
-* Every conversion between formats is written with integer bit operations, as
+* Every rounding to a narrower format is written with integer bit operations, as
   core/numerics.h writes it (round to nearest even; NaN and infinities as there), never
-  with Triton's casts to 8- and 16-bit floats (which round differently for float8).
-  Widening (16-bit float to float32, float32 to float64) and float64 to float32 (round to
-  nearest even) are exact or correctly rounded everywhere, and are Triton's own.
+  with Triton's casts to 8- and 16-bit floats: compiled for sm_90 they are correctly
+  rounded instructions (cvt.rn), but Triton's interpreter, where the kernels are tested,
+  rounds float8 ties away from zero and does not round to bfloat16 at all. A code is
+  widened by placing its fields in a float32's and multiplying by a power of two (exact,
+  subnormals included). Widening the data (16-bit float to float32, float32 to float64)
+  and float64 to float32 (round to nearest even) are exact or correctly rounded
+  everywhere, and are Triton's own.
 * No fused multiply-add: kernels are launched with ``enable_fp_fusion=False``. (Every
   product that meets an add here is an exact power-of-two scaling anyway.)
 * Correctly rounded division: ``tl.div_rn`` in float32 (Triton's ``/`` is NVIDIA's
@@ -19,7 +23,8 @@ Exactness rules, which make the interpreter, the GPU and the CPU compute the sam
   16-bit data (float64 for float64 data, the type itself for integers); exact mode adds
   grid steps, integers held exactly (in float64, or two 64-bit words for float64 data),
   in any order, as the CPU does.
-* Float32 arithmetic keeps subnormals (Triton does not flush float32 adds and multiplies).
+* Float32 arithmetic keeps subnormals (Triton does not flush float32 adds and multiplies;
+  the compiled PTX is checked for .ftz).
 
 One kernel, :func:`_fold_kernel`, specialized per reduction, stage, codec, mode and the
 forms of its runs of terms (not their number: any world size takes the same kernel),
