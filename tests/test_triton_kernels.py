@@ -481,6 +481,8 @@ def test_compiled_codecs_move_codes_in_wide_accesses(monkeypatch):
     for ptx, access in ((encode8, r"st\.global\.v2\.b32"), (decode8, r"ld\.global\.v2\.b32"),
                         (encode16, r"st\.global\.v4\.b32"), (decode16, r"ld\.global\.v4\.b32")):
         assert re.search(r"\b" + access + r"\b", ptx), access
+    # fp16 codes are rounded by the conversion instruction (numerics.py _encode).
+    assert re.search(r"\bcvt\.rn\.f16(?:x2)?\.f32\b", encode16)
 
 
 def test_compiled_stamp_kernels(monkeypatch):

@@ -1,7 +1,7 @@
 """The formats and codecs of core/numerics.h as Triton functions, for the kernels of
 pycomm/kernels/triton.py and pycomm/kernels/binned.py (whose docstrings state the exactness
-rules they keep): every rounding written with integer bit operations, to nearest even, NaN
-and infinities as there, and codes widened by an exact multiply; codec blocks scaled by
+rules they keep): every rounding written with integer bit operations (but fp16 codes'), to
+nearest even, NaN and infinities as there, and codes widened by an exact multiply; codec blocks scaled by
 powers of two and quantized as the CPU ops quantize them. Also the numbers the kernels
 share with the C++ code, read from ``pycomm._C``, which exports them from its own
 definitions."""
@@ -121,9 +121,15 @@ def _code_target(CODEC: tl.constexpr):
 @triton.jit
 def _encode(v, CODEC: tl.constexpr):
     """The code of a scaled value, widened to uint32; one code per format for every NaN
-    (numerics.h CodeFp16)."""
+    (numerics.h CodeFp16). fp16 rounds with Triton's cast, which on finite values within
+    the codec's target gives half_bits' bits both compiled (cvt.rn.f16.f32) and in the
+    interpreter; NaN and infinities are set by selects (numerics.h code_of)."""
     if CODEC == FP16:
-        return tl.where((_f32_bits(v) & 0x7FFFFFFF) > 0x7F800000, 0x7E00, half_bits(v)).to(tl.uint32)
+        bits = _f32_bits(v)
+        ax = bits & 0x7FFFFFFF
+        rounded = v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+        inf = ((bits >> 16) & 0x8000) | 0x7C00
+        return tl.where(ax > 0x7F800000, 0x7E00, tl.where(ax == 0x7F800000, inf, rounded)).to(tl.uint32)
     elif CODEC == BF16:
         return bf16_bits(v)
     else:
