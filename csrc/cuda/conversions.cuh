@@ -14,14 +14,18 @@
 //   integer-to-float conversion; numerics.h's rules give NaN and infinities their values.
 //
 // Everything here is also host code: there the CUDA headers' intrinsics convert in
-// software, as their documentation specifies the instructions. tests/cuda/test_conversions.cc
-// compares these with numerics.h on the host (sampled in make test, all 2^32 float32 patterns
-// with --all), and the GPU check's `patterns` step on the device.
+// software, as their documentation specifies the instructions (but fp8 rounding, which
+// there and on GPUs before sm_89 is numerics.h's own; fp8_instruction_pair is the
+// instruction's). tests/cuda/test_conversions.cu compares these with numerics.h on the
+// host (sampled in make test, all 2^32 float32 patterns with --all), and the GPU check's
+// `patterns` step on the device.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <nv/target>
 
 #include "core/numerics.h"
 
@@ -49,13 +53,30 @@ PYCOMM_HD uint32_t rounded_pair<CodeBf16>(float a, float b) {
   const __nv_bfloat162_raw r = __floats2bfloat162_rn(a, b);
   return r.x | static_cast<uint32_t>(r.y) << 16;
 }
+
+// The fp8 conversion instruction's codes of a and b (cvt.rn.satfinite.e4m3x2.f32 or
+// .e5m2x2, sm_89 on): the CUDA headers' intrinsic, in software on the host.
+template <class Code>
+PYCOMM_HD uint32_t fp8_instruction_pair(float a, float b) {
+  constexpr __nv_fp8_interpretation_t kFormat = Code::kExponentBits == 4 ? __NV_E4M3 : __NV_E5M2;
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
+}
+// Without the instruction (before sm_89, and on the host), numerics.h's integer rounding:
+// the intrinsic would compute it in double precision.
+template <class Code>
+PYCOMM_HD uint32_t rounded_fp8_pair(float a, float b) {
+  NV_IF_ELSE_TARGET(NV_PROVIDES_SM_89, (return fp8_instruction_pair<Code>(a, b);),
+                    (constexpr int E = Code::kExponentBits, M = Code::kMantissaBits;
+                     // Masked: for a NaN or an infinity (which code_of replaces) any bits.
+                     return (fp8_bits_from_finite<E, M>(a) & 0xffu) | (fp8_bits_from_finite<E, M>(b) & 0xffu) << 8;))
+}
 template <>
 PYCOMM_HD uint32_t rounded_pair<CodeFp8E4M3>(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  return rounded_fp8_pair<CodeFp8E4M3>(a, b);
 }
 template <>
 PYCOMM_HD uint32_t rounded_pair<CodeFp8E5M2>(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E5M2);
+  return rounded_fp8_pair<CodeFp8E5M2>(a, b);
 }
 
 // Code, its conversions computed as above: encode, encode_pair and decode give

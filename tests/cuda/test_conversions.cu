@@ -2,7 +2,8 @@
 // on the host, where the CUDA headers' intrinsics compute in software what the
 // instructions compute on the device. For each codec: its encoding of every float32 it may
 // convert (finite values up to its kTarget; NaN and infinities), one at a time and in
-// pairs, and its decoding of every code. Sampled by default: both signs of every exponent,
+// pairs (and for fp8, the instruction's rounding of the finite ones, which the host's
+// DeviceCode does not use), and its decoding of every code. Sampled by default: both signs of every exponent,
 // each with every pattern of the mantissa's 12 upper bits (every rounding position of the
 // codes, their ties included) times lower bits 0, 1, 0x3ff, 0x400, 0x401, 0x7ff and a
 // pseudo-random one. With --all: every float32 pattern (on every core). Prints one line
@@ -44,6 +45,13 @@ void check_encoding(const char* codec, uint32_t bits, uint32_t partner) {
   D::encode_pair(v, w, a, b);
   if (a != want) report(codec, "encode_pair (first)", bits, a, want);
   if (b != Code::encode(w)) report(codec, "encode_pair (second)", partner, b, Code::encode(w));
+  if constexpr (sizeof(typename Code::Code) == 1) {  // the instruction the device rounds with from sm_89 on
+    const uint32_t pair = fp8_instruction_pair<Code>(v, w);
+    if (!nonfinite_magnitude(magnitude_bits(v)) && (pair & 0xffu) != want)
+      report(codec, "fp8 instruction (first)", bits, pair & 0xffu, want);
+    if (!nonfinite_magnitude(magnitude_bits(w)) && (pair >> 8) != Code::encode(w))
+      report(codec, "fp8 instruction (second)", partner, pair >> 8, Code::encode(w));
+  }
 }
 
 template <class Code>
