@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from gpucheck.orchestrate import device_slug  # noqa: E402
 
-STEPS = ["build", "versions", "cuda-tests", "cuda-faults", "triton-tests", "layered", "throughput", "patterns",
-         "allreduce", "host-cost", "graphs", "capture", "stream-wait", "sanitizer"]
+STEPS = ["build", "versions", "throughput", "stream-wait", "allreduce", "host-cost", "capture", "graphs",
+         "cuda-faults", "patterns", "triton-tests", "layered", "cuda-tests", "sanitizer"]
 
 
 def test_dry_run_plans_and_rehearses_every_step(tmp_path):
