@@ -1,10 +1,10 @@
 """The formats and codecs of core/numerics.h as Triton functions, for the kernels of
 pycomm/kernels/triton.py and pycomm/kernels/binned.py (whose docstrings state the exactness
 rules they keep): every rounding written with integer bit operations (but fp16 codes'), to
-nearest even, NaN and infinities as there, and codes widened by an exact multiply; codec blocks scaled by
-powers of two and quantized as the CPU ops quantize them. Also the numbers the kernels
-share with the C++ code, read from ``pycomm._C``, which exports them from its own
-definitions."""
+nearest even, NaN and infinities as there, and codes widened by an exact multiply; codec
+blocks scaled by powers of two and quantized as the CPU ops quantize them. Also the
+numbers the kernels share with the C++ code, read from ``pycomm._C``, which exports them
+from its own definitions."""
 from __future__ import annotations
 
 import math
