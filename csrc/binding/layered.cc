@@ -298,15 +298,11 @@ LayeredKind LayeredRecorder::kind(const std::string& collective, at::ScalarType 
     s.collective = static_cast<uint8_t>(c);
     s.dtype = static_cast<uint8_t>(t);
     if (reduces(c)) s.reduce = static_cast<uint8_t>(normalized(t, to_core(op)).kind);
-    s.compression = static_cast<uint8_t>(parse<Compression>(options.codec));
+    s.set_codec(parse<Compression>(options.codec), static_cast<size_t>(options.block));
     s.determinism = static_cast<uint8_t>(parse<Determinism>(options.determinism));
   });
   s.count = static_cast<uint64_t>(count);
   s.variant = static_cast<uint8_t>(plan.variant);
-  if (s.compression) {
-    while ((int64_t{1} << s.compression_block) < options.block) ++s.compression_block;
-    s.code_layout = kCodeLayout;
-  }
   return LayeredKind{s, bytes, static_cast<int>(device), plan.fallback};
 }
 

@@ -13,6 +13,13 @@ std::string PeerInfo::describe() const {
   return os.str();
 }
 
+void OpStamp::set_codec(Compression codec, size_t block) {
+  compression = static_cast<uint8_t>(codec);
+  if (codec == Compression::None) return;
+  while ((size_t{1} << compression_block) < block) ++compression_block;
+  code_layout = kCodeLayout;
+}
+
 std::string describe(const OpStamp& op) {
   std::ostringstream os;
   const auto c = static_cast<Collective>(op.collective);

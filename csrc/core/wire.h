@@ -3,6 +3,7 @@
 // what it receives, and the description of a rank that errors name.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,9 @@ struct OpStamp {
   // ranks built with different layouts fail on the first frame instead of misreading it.
   uint8_t code_layout = 0;
   uint8_t reserved[3] = {};
+  // compression = codec; under a codec, compression_block = log2(block) (block a power of
+  // two) and code_layout = numerics.h kCodeLayout.
+  void set_codec(Compression codec, size_t block);
   bool operator==(const OpStamp& o) const {
     return seq == o.seq && count == o.count && collective == o.collective && dtype == o.dtype && reduce == o.reduce &&
            variant == o.variant && root == o.root && compression == o.compression &&

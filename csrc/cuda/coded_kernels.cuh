@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads)
     const int m = static_cast<int>(min(block, n - base));
     const int groups = (m + 32 * V - 1) / (32 * V);  // the same in every lane: warp-wide steps agree
     const auto first = [&](int g) { return V * lane + 32 * V * g; };
-    const auto records = [&](const char* piece) { return records_of(piece, n, sizeof(C)).from(b, block, sizeof(C)); };
+    // This block's records in the piece at `piece` (char, or const char for a term).
+    const auto records = [&](auto* piece) { return records_of(piece, n, sizeof(C)).from(b, block, sizeof(C)); };
     // Term j's group g, its contribution (PREMUL_SUM's factor applied) or its values.
     const auto load = [&](int j, int g, float (&v)[V]) {
       switch (t.form[j]) {
@@ -259,7 +260,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < V; ++e)
           if (g < groups && first(g) + e >= m) acc[g][e] = 0.0f;
       const Scaled<D> s = Scaled<D>::of(largest_finite(acc));
-      const Records<char> r = records_of(static_cast<char*>(out), n, sizeof(C)).from(b, block, sizeof(C));
+      const Records<char> r = records(static_cast<char*>(out));
       if (lane == 0) *r.scales = s.scale;
       // The last block's warp zeroes the piece's padding.
       if (lane == 0 && base + block >= n) zero_padding<Code>(static_cast<char*>(out), n, block);

@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/numerics.h"
 
 namespace pycomm {
 
@@ -165,12 +164,8 @@ OpStamp Communicator::stamp_for(const Request& rq, const Plan& plan) {
   s.reduce = static_cast<uint8_t>(rq.reduction.kind);
   s.collective = static_cast<uint8_t>(rq.collective);
   s.root = rq.root;
-  s.compression = static_cast<uint8_t>(rq.options.compression);
+  s.set_codec(rq.options.compression, rq.options.compression_block);
   s.determinism = static_cast<uint8_t>(rq.options.determinism);
-  if (rq.options.compression != Compression::None) {
-    while ((size_t{1} << s.compression_block) < rq.options.compression_block) ++s.compression_block;
-    s.code_layout = kCodeLayout;
-  }
   if (rq.collective == Collective::Send || rq.collective == Collective::Recv) {
     // Numbered on the pair's own stream: sends_to_[p] belongs to p's send lane,
     // recvs_from_[p] to whoever holds receiving_[p]. A recv from any source is numbered

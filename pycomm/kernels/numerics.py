@@ -119,17 +119,24 @@ def _code_target(CODEC: tl.constexpr):
 
 
 @triton.jit
+def _code_of(v, rounded, NAN: tl.constexpr, INF: tl.constexpr, BITS: tl.constexpr):
+    """numerics.h code_of, for a code of BITS bits whose NaN is NAN and +infinity INF:
+    rounded (v rounded to nearest even in the code's format, read where v is finite), NAN
+    for a NaN, INF with v's sign for an infinity."""
+    bits = _f32_bits(v)
+    ax = bits & 0x7FFFFFFF
+    inf = ((bits >> (32 - BITS)) & (1 << (BITS - 1))) | INF
+    return tl.where(ax > 0x7F800000, NAN, tl.where(ax == 0x7F800000, inf, rounded)).to(tl.uint32)
+
+
+@triton.jit
 def _encode(v, CODEC: tl.constexpr):
     """The code of a scaled value, widened to uint32; one code per format for every NaN
     (numerics.h CodeFp16). fp16 rounds with Triton's cast, which on finite values within
     the codec's target gives half_bits' bits both compiled (cvt.rn.f16.f32) and in the
-    interpreter; NaN and infinities are set by selects (numerics.h code_of)."""
+    interpreter; NaN and infinities are set by selects (_code_of)."""
     if CODEC == FP16:
-        bits = _f32_bits(v)
-        ax = bits & 0x7FFFFFFF
-        rounded = v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
-        inf = ((bits >> 16) & 0x8000) | 0x7C00
-        return tl.where(ax > 0x7F800000, 0x7E00, tl.where(ax == 0x7F800000, inf, rounded)).to(tl.uint32)
+        return _code_of(v, v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32), 0x7E00, 0x7C00, 16)
     elif CODEC == BF16:
         return bf16_bits(v)
     else:
@@ -156,11 +163,7 @@ def _fp8(x, ENCODE: tl.constexpr, CODEC: tl.constexpr):
     M: tl.constexpr = 3 if CODEC == FP8_E4M3 else 2
     INF: tl.constexpr = 0x7E if CODEC == FP8_E4M3 else 0x7C
     if ENCODE:
-        bits = _f32_bits(x)
-        ax = bits & 0x7FFFFFFF
-        finite = _fp8_bits_from_finite(x, E, M)
-        inf = ((bits >> 24) & 0x80) | INF
-        return tl.where(ax > 0x7F800000, 0x7F, tl.where(ax == 0x7F800000, inf, finite)).to(tl.uint32)
+        return _code_of(x, _fp8_bits_from_finite(x, E, M), 0x7F, INF, 8)
     else:
         sign = (x & 0x80) << 24
         finite = _f32_bits(_from_fp8_finite(x, E, M))

@@ -7,16 +7,15 @@ for sm_90 to check the PTX for the rules below.
 Exactness rules, which make the interpreter, the GPU and the CPU compute the same bits:
 
 * Every rounding to a narrower format is written with integer bit operations, as
-  core/numerics.h writes it (round to nearest even; NaN and infinities as there), but
-  fp16 codes: Triton's casts compile to correctly rounded instructions (cvt.rn) for
-  sm_90, but Triton's interpreter, where the kernels are tested, rounds float8 ties away
-  from zero and does not round to bfloat16 at all; its float16 cast rounds as numerics.h
-  does every float32 an fp16 codec converts (finite, at most 65504), so fp16 codes are
-  Triton's cast, with NaN and infinities set by selects. A code is
-  widened by placing its fields in a float32's and multiplying by a power of two (exact,
-  subnormals included). Widening the data (16-bit float to float32, float32 to float64)
-  and float64 to float32 (round to nearest even) are exact or correctly rounded
-  everywhere, and are Triton's own.
+  core/numerics.h writes it (round to nearest even; NaN and infinities as there), except
+  fp16 codes, which are Triton's cast with NaN and infinities set by selects. Compiled for
+  sm_90, Triton's casts are correctly rounded instructions (cvt.rn); but its interpreter,
+  where the kernels are tested, rounds float8 ties away from zero and does not round to
+  bfloat16 at all, while its float16 cast rounds every float32 an fp16 codec converts
+  (finite, at most 65504) as numerics.h does. A code is widened by placing its fields in
+  a float32's and multiplying by a power of two (exact, subnormals included). Widening
+  the data (16-bit float to float32, float32 to float64) and float64 to float32 (round to
+  nearest even) are exact or correctly rounded everywhere, and are Triton's own.
 * No fused multiply-add: kernels are launched with ``enable_fp_fusion=False``. (Every
   product that meets an add here is an exact power-of-two scaling anyway.)
 * Correctly rounded division: ``tl.div_rn`` in float32 (Triton's ``/`` is NVIDIA's
