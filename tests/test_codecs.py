@@ -751,6 +751,34 @@ def test_vectorized_paths_scale_every_block_maximum_as_the_scalar_path(codec):
 
 
 @pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
+@pytest.mark.parametrize("codec", ["fp8_e4m3", "fp8_e5m2"])
+def test_vectorized_paths_code_bfloat16_under_every_scale(codec):
+    # The vectorized paths code bfloat16 data on its own bits where a value and its code are
+    # both normal or zero, and in float32 lanes elsewhere: every finite bfloat16 at or below
+    # a record maximum of every exponent (bfloat16's subnormals to its largest), shuffled
+    # into records of 256 after that maximum, so that vectors of either kind meet every scale.
+    block = 256
+    every = _every_16_bit(torch.bfloat16)
+    every = every[torch.isfinite(every)]
+    records = []
+    for e in range(-133, 128):
+        peak = torch.tensor([1.5 * 2.0 ** e]).to(torch.bfloat16)
+        below = every[every.abs() <= peak]
+        below = below[torch.randperm(below.numel(), generator=_gen("bf16 scales", codec, e))]
+        below = torch.cat([below, torch.zeros(-below.numel() % (block - 1), dtype=torch.bfloat16)])
+        records.append(torch.cat([peak.expand(below.numel() // (block - 1), 1), below.reshape(-1, block - 1)], 1))
+    x = torch.cat(records).reshape(-1)
+    n = x.numel()
+    expected = _on_path("scalar", lambda: pycomm.encode(x, codec, block))
+    expected_back = _on_path("scalar", lambda: pycomm.decode(expected, codec, n, torch.bfloat16, block))
+    for path in PATHS[1:]:
+        enc = _on_path(path, lambda: pycomm.encode(x, codec, block))
+        assert _same_bits(enc, expected), "%s: the %s path encodes bfloat16 differently" % (codec, path)
+        back = _on_path(path, lambda: pycomm.decode(enc, codec, n, torch.bfloat16, block))
+        assert _same_bits(back, expected_back), "%s: the %s path decodes to bfloat16 differently" % (codec, path)
+
+
+@pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs the scalar codecs only")
 @all_codecs
 def test_vectorized_paths_decode_every_code_as_the_scalar_path(codec):
     # Every code (NaN and Inf codes too) in records of the scales the encoder writes (every

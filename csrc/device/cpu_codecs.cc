@@ -141,18 +141,21 @@ struct Lanes {
   using H = typename VectorOf<uint16_t, W>::type;
   using S = typename VectorOf<int16_t, W>::type;
   using S2 = typename VectorOf<int16_t, 2 * W>::type;  // a full vector of 16-bit lanes
+  using H2 = typename VectorOf<uint16_t, 2 * W>::type;
   using B = typename VectorOf<uint8_t, W>::type;
+  using B2 = typename VectorOf<uint8_t, 2 * W>::type;  // the bytes of a full vector's 16-bit lanes
   using B4 = typename VectorOf<uint8_t, 4 * W>::type;  // four vectors' bytes
 };
 
 // The operations that GCC's vector types do not spell well (or at all): F16C's conversions
 // (rounding to nearest even, not in the MXCSR's mode), lanes widened to the next width and
-// narrowed back (the values fit: no saturation), the largest lane.
+// narrowed back (the values fit: no saturation), the largest lane, whether any lane is set.
 struct Avx2 : Lanes<8> {
   PYCOMM_AVX2 static F from_half(H h) { return F(_mm256_cvtph_ps(__m128i(h))); }
   PYCOMM_AVX2 static H to_half(F f) { return H(_mm256_cvtps_ph(__m256(f), _MM_FROUND_TO_NEAREST_INT)); }
   PYCOMM_AVX2 static U widen(H h) { return U(_mm256_cvtepu16_epi32(__m128i(h))); }
   PYCOMM_AVX2 static H widen(B b) { return H(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(bit_cast_<int64_t>(b)))); }
+  PYCOMM_AVX2 static H2 widen(B2 b) { return H2(_mm256_cvtepu8_epi16(__m128i(b))); }
   PYCOMM_AVX2 static H to_u16(U u) {
     const __m256i pairs = _mm256_packus_epi32(__m256i(u), __m256i(u));  // 0-3 0-3 | 4-7 4-7
     return H(_mm256_castsi256_si128(_mm256_permute4x64_epi64(pairs, 0x08)));
@@ -163,6 +166,10 @@ struct Avx2 : Lanes<8> {
     const __m256i joined = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
     return bit_cast_<B>(_mm_cvtsi128_si64(_mm256_castsi256_si128(joined)));
   }
+  PYCOMM_AVX2 static B2 to_u8(H2 h) {
+    return B2(_mm_packus_epi16(_mm256_castsi256_si128(__m256i(h)), _mm256_extracti128_si256(__m256i(h), 1)));
+  }
+  PYCOMM_AVX2 static bool any(H2 h) { return !_mm256_testz_si256(__m256i(h), __m256i(h)); }
   // Four vectors narrowed at once, a quarter of the shuffles of narrowing each.
   PYCOMM_AVX2 static B4 to_u8(U a, U b, U c, U d) {
     const __m256i ab = _mm256_packus_epi32(__m256i(a), __m256i(b));  // a0-3 b0-3 | a4-7 b4-7
@@ -184,8 +191,11 @@ struct Avx512 : Lanes<16> {
   PYCOMM_AVX512 static H to_half(F f) { return H(_mm512_maskz_cvtps_ph(0xffff, __m512(f), _MM_FROUND_TO_NEAREST_INT)); }
   PYCOMM_AVX512 static U widen(H h) { return U(_mm512_maskz_cvtepu16_epi32(0xffff, __m256i(h))); }
   PYCOMM_AVX512 static H widen(B b) { return H(_mm256_cvtepu8_epi16(__m128i(b))); }
+  PYCOMM_AVX512 static H2 widen(B2 b) { return H2(_mm512_maskz_cvtepu8_epi16(~0u, __m256i(b))); }
   PYCOMM_AVX512 static H to_u16(U u) { return H(_mm512_maskz_cvtepi32_epi16(0xffff, __m512i(u))); }
   PYCOMM_AVX512 static B to_u8(U u) { return B(_mm512_maskz_cvtepi32_epi8(0xffff, __m512i(u))); }
+  PYCOMM_AVX512 static B2 to_u8(H2 h) { return B2(_mm512_maskz_cvtepi16_epi8(~0u, __m512i(h))); }
+  PYCOMM_AVX512 static bool any(H2 h) { return _mm512_test_epi16_mask(__m512i(h), __m512i(h)) != 0; }
   // As Avx2's: the packs work within 128-bit lanes, so lane k holds quarter k of each vector.
   PYCOMM_AVX512 static B4 to_u8(U a, U b, U c, U d) {
     const __m512i ab = _mm512_packus_epi32(__m512i(a), __m512i(b));
@@ -307,6 +317,7 @@ struct Fp16Lanes {
   static F decode(H c) { return V::from_half(c); }
   static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
   static constexpr size_t kGroup = 1;
+  static constexpr bool kOnBf16Bits = false;  // see Fp8Lanes
 };
 template <class V>
 struct Bf16Lanes {
@@ -320,6 +331,7 @@ struct Bf16Lanes {
   static F decode(H c) { return bit_cast_<F>(V::widen(c) << 16); }
   static constexpr uint32_t kExactScales = 0x7f800000;  // none (see Fp8Lanes)
   static constexpr size_t kGroup = 1;
+  static constexpr bool kOnBf16Bits = false;  // see Fp8Lanes
 };
 // fp8: encode is fp8_bits_from_finite with CodeFp8's NaN and Inf. decode goes through half
 // precision (F16C): a code's sign, exponent and mantissa moved to the top of a half's make
@@ -332,6 +344,8 @@ struct Fp8Lanes {
   using U = typename V::U;
   using H = typename V::H;
   using S = typename V::S;
+  using H2 = typename V::H2;
+  using B2 = typename V::B2;
   using Codes = typename V::B;
   static constexpr uint32_t kBias = (1u << (E - 1)) - 1;
   static constexpr size_t kGroup = 4;  // vectors encoded at once: their codes narrowed together
@@ -371,6 +385,60 @@ struct Fp8Lanes {
   // bfloat16: a nonzero code times it is a normal float32 of M + 1 significant bits or
   // fewer, or infinite; NaN is 0x7fc00000.
   static constexpr uint32_t kExactScales = (kBias + M) << 23;
+
+  // bfloat16 data coded on its own bits, 2W values per vector (H2), twice as many as in
+  // float32 lanes: where a value and its code are both normal (or zero), scaling by a power
+  // of two 2^k and converting are integer adds on the exponent's bits. encode_bf16 and
+  // decode_bf16 return false for a vector that holds any other, which the caller then
+  // converts in float32 lanes.
+  static constexpr bool kOnBf16Bits = true;
+  struct Bf16Encoding {
+    uint16_t round_and_rebias, min_normal;  // on bfloat16's magnitude bits
+  };
+  // For code_lanes(x, 2^k). x * 2^k is exact in float32 where it is a normal code's
+  // magnitude, and its bits are (ax + (k << 7)) << 16 for x's magnitude bits ax; their low
+  // 16 bits being 0, code_lanes' rounding to M mantissa bits and rebias, shifted by 23 - M,
+  // is (ax + 2^(6 - M) - 1 + lsb - ((127 - kBias - k) << 7)) >> (7 - M), in 16 bits (mod
+  // 2^16: the result fits). min_normal: the least x (a bfloat16 normal) that k scales to a
+  // normal code.
+  static Bf16Encoding bf16_encoding(float inv) {
+    const int k = static_cast<int>(bit_cast_<uint32_t>(inv) >> 23) - 127;
+    const int rebias = (127 - static_cast<int>(kBias) - k) << 7;
+    const int min_normal = std::min(std::max((128 - static_cast<int>(kBias) - k) << 7, 0x80), 0x7f80);
+    return {static_cast<uint16_t>((1 << (6 - M)) - 1 - rebias), static_cast<uint16_t>(min_normal)};
+  }
+  // code_lanes<false> of 2W bfloat16 values (bits h): finite ones.
+  static bool encode_bf16(H2 h, const Bf16Encoding& e, B2& codes) {
+    using S2 = typename V::S2;
+    const H2 ax = h & 0x7fff;
+    const H2 zero = bit_cast_<H2>(ax == 0);
+    // ax and min_normal are below 2^15, so they compare as signed.
+    if (V::any(bit_cast_<H2>(bit_cast_<S2>(ax) < int16_t(e.min_normal)) & ~zero)) return false;
+    const H2 magnitude = (ax + e.round_and_rebias + ((ax >> (7 - M)) & 1)) >> (7 - M);
+    codes = V::to_u8(((h >> 8) & 0x80) | (magnitude & ~zero));
+    return true;
+  }
+  // For decode times a scale 2^k of kExactScales or above: a normal code's value times it
+  // is a bfloat16 whose bits are the code's magnitude bits em moved to a bfloat16's
+  // mantissa, (em << (7 - M)) + ((127 - kBias + k) << 7). valid: every finite code's is
+  // finite.
+  struct Bf16Decoding {
+    uint16_t rebias;
+    bool valid;
+  };
+  static Bf16Decoding bf16_decoding(float scale) {
+    const int k = static_cast<int>(bit_cast_<uint32_t>(scale) >> 23) - 127;
+    const int rebias = (127 - static_cast<int>(kBias) + k) << 7;
+    return {static_cast<uint16_t>(rebias), (static_cast<int>(kInf - 1) << (7 - M)) + rebias < 0x7f80};
+  }
+  // decode of 2W codes times 2^k, to bfloat16 (bits h): zeros and normal codes.
+  static bool decode_bf16(B2 c, const Bf16Decoding& d, H2& h) {
+    const H2 w = V::widen(c), em = w & 0x7f;
+    const H2 subnormal_or_zero = bit_cast_<H2>(em < (1u << M)), zero = bit_cast_<H2>(em == 0);
+    if (V::any((subnormal_or_zero & ~zero) | bit_cast_<H2>(em >= kInf))) return false;
+    h = ((w & 0x80) << 8) | (((em << (7 - M)) + d.rebias) & ~zero);
+    return true;
+  }
 };
 template <class V>
 Fp16Lanes<V> lanes_of(const CodeFp16*);
@@ -388,6 +456,8 @@ struct VectorRuns {
   using L = decltype(lanes_of<V>(static_cast<const Code*>(nullptr)));
   using N = Numeric<T>;
   static constexpr size_t W = V::kWidth;
+  // bfloat16 data that L converts on its bits (see Fp8Lanes).
+  static constexpr bool kOnBf16Bits = std::is_same_v<T, BFloat16> && L::kOnBf16Bits;
 
   // The next record's scaling is found before this record is encoded, so that the latency
   // of its reductions and its scale overlaps that work.
@@ -457,6 +527,18 @@ struct VectorRuns {
   template <bool kSpecials>
   static void encode_codes(const T* x, C* codes, size_t m, float inv) {
     size_t i = 0;
+    if constexpr (kOnBf16Bits && !kSpecials) {
+      const auto e = L::bf16_encoding(inv);
+      for (; i + 2 * W <= m; i += 2 * W) {
+        typename V::B2 c;
+        if (L::encode_bf16(load<typename V::H2>(x + i), e, c)) {
+          store(codes + i, c);
+        } else {
+          store(codes + i, L::template encode<false>(load_values<V>(x + i), inv));
+          store(codes + i + W, L::template encode<false>(load_values<V>(x + i + W), inv));
+        }
+      }
+    }
     if constexpr (L::kGroup > 1)
       for (; i + L::kGroup * W <= m; i += L::kGroup * W) {
         F v[L::kGroup];
@@ -478,6 +560,17 @@ struct VectorRuns {
   static void decode_values(Records<const char> r, T* x, size_t m, float scale) {
     const C* codes = BlockCodec<Code>::codes_of(r);
     size_t i = 0;
+    if constexpr (kOnBf16Bits && kExact)
+      if (const auto d = L::bf16_decoding(scale); d.valid)
+        for (; i + 2 * W <= m; i += 2 * W) {
+          typename V::H2 h;
+          if (L::decode_bf16(load<typename V::B2>(codes + i), d, h)) {
+            store(x + i, h);
+          } else {
+            for (size_t j = i; j < i + 2 * W; j += W)
+              store_values<V, true>(x + j, L::decode(load<typename L::Codes>(codes + j)) * scale);
+          }
+        }
     for (; i + W <= m; i += W) store_values<V, kExact>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
   }
