@@ -400,11 +400,11 @@ struct Fp8Lanes {
   // 16 bits being 0, code_lanes' rounding to M mantissa bits and rebias, shifted by 23 - M,
   // is (ax + 2^(6 - M) - 1 + lsb - ((127 - kBias - k) << 7)) >> (7 - M), in 16 bits (mod
   // 2^16: the result fits). min_normal: the least x (a bfloat16 normal) that k scales to a
-  // normal code.
+  // normal code, below bfloat16's infinity since k >= -126.
   static Bf16Encoding bf16_encoding(float inv) {
     const int k = static_cast<int>(bit_cast_<uint32_t>(inv) >> 23) - 127;
     const int rebias = (127 - static_cast<int>(kBias) - k) << 7;
-    const int min_normal = std::min(std::max((128 - static_cast<int>(kBias) - k) << 7, 0x80), 0x7f80);
+    const int min_normal = std::max((128 - static_cast<int>(kBias) - k) << 7, 0x80);
     return {static_cast<uint16_t>((1 << (6 - M)) - 1 - rebias), static_cast<uint16_t>(min_normal)};
   }
   // code_lanes<false> of 2W bfloat16 values (bits h): finite ones.
@@ -526,6 +526,9 @@ struct VectorRuns {
   }
   template <bool kSpecials>
   static void encode_codes(const T* x, C* codes, size_t m, float inv) {
+    const auto encode_vector = [&](size_t j) {
+      store(codes + j, L::template encode<kSpecials>(load_values<V>(x + j), inv));
+    };
     size_t i = 0;
     if constexpr (kOnBf16Bits && !kSpecials) {
       const auto e = L::bf16_encoding(inv);
@@ -534,8 +537,8 @@ struct VectorRuns {
         if (L::encode_bf16(load<typename V::H2>(x + i), e, c)) {
           store(codes + i, c);
         } else {
-          store(codes + i, L::template encode<false>(load_values<V>(x + i), inv));
-          store(codes + i + W, L::template encode<false>(load_values<V>(x + i + W), inv));
+          encode_vector(i);
+          encode_vector(i + W);
         }
       }
     }
@@ -545,7 +548,7 @@ struct VectorRuns {
         for (size_t g = 0; g < L::kGroup; ++g) v[g] = load_values<V>(x + i + g * W);
         store(codes + i, L::template encode_group<kSpecials>(v, inv));
       }
-    for (; i + W <= m; i += W) store(codes + i, L::template encode<kSpecials>(load_values<V>(x + i), inv));
+    for (; i + W <= m; i += W) encode_vector(i);
     for (; i < m; ++i) codes[i] = static_cast<C>(Code::encode(N::load(x[i]) * inv));
   }
   // Values that bfloat16 holds exactly are stored without rounding: a record whose scale
@@ -559,6 +562,9 @@ struct VectorRuns {
   template <bool kExact>
   static void decode_values(Records<const char> r, T* x, size_t m, float scale) {
     const C* codes = BlockCodec<Code>::codes_of(r);
+    const auto decode_vector = [&](size_t j) {
+      store_values<V, kExact>(x + j, L::decode(load<typename L::Codes>(codes + j)) * scale);
+    };
     size_t i = 0;
     if constexpr (kOnBf16Bits && kExact)
       if (const auto d = L::bf16_decoding(scale); d.valid)
@@ -567,11 +573,11 @@ struct VectorRuns {
           if (L::decode_bf16(load<typename V::B2>(codes + i), d, h)) {
             store(x + i, h);
           } else {
-            for (size_t j = i; j < i + 2 * W; j += W)
-              store_values<V, true>(x + j, L::decode(load<typename L::Codes>(codes + j)) * scale);
+            decode_vector(i);
+            decode_vector(i + W);
           }
         }
-    for (; i + W <= m; i += W) store_values<V, kExact>(x + i, L::decode(load<typename L::Codes>(codes + i)) * scale);
+    for (; i + W <= m; i += W) decode_vector(i);
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
   }
   static void quantize_record(const T* x, float* v, size_t m) {
