@@ -524,6 +524,19 @@ struct VectorRuns {
     C* codes = reinterpret_cast<C*>(r.codes);
     s.specials ? encode_codes<true>(x, codes, m, s.inv) : encode_codes<false>(x, codes, m, s.inv);
   }
+  // The whole 2W-value vectors of m values: each converted on bfloat16's bits by
+  // `converted(j)` (false where it cannot be, see Fp8Lanes), else in float32 lanes by
+  // `in_lanes` (W values from j). Returns the values done.
+  template <class InLanes, class Converted>
+  static size_t on_bf16_bits(size_t m, const InLanes& in_lanes, const Converted& converted) {
+    size_t i = 0;
+    for (; i + 2 * W <= m; i += 2 * W)
+      if (!converted(i)) {
+        in_lanes(i);
+        in_lanes(i + W);
+      }
+    return i;
+  }
   template <bool kSpecials>
   static void encode_codes(const T* x, C* codes, size_t m, float inv) {
     const auto encode_vector = [&](size_t j) {
@@ -532,15 +545,12 @@ struct VectorRuns {
     size_t i = 0;
     if constexpr (kOnBf16Bits && !kSpecials) {
       const auto e = L::bf16_encoding(inv);
-      for (; i + 2 * W <= m; i += 2 * W) {
+      i = on_bf16_bits(m, encode_vector, [&](size_t j) {
         typename V::B2 c;
-        if (L::encode_bf16(load<typename V::H2>(x + i), e, c)) {
-          store(codes + i, c);
-        } else {
-          encode_vector(i);
-          encode_vector(i + W);
-        }
-      }
+        if (!L::encode_bf16(load<typename V::H2>(x + j), e, c)) return false;
+        store(codes + j, c);
+        return true;
+      });
     }
     if constexpr (L::kGroup > 1)
       for (; i + L::kGroup * W <= m; i += L::kGroup * W) {
@@ -568,15 +578,12 @@ struct VectorRuns {
     size_t i = 0;
     if constexpr (kOnBf16Bits && kExact)
       if (const auto d = L::bf16_decoding(scale); d.valid)
-        for (; i + 2 * W <= m; i += 2 * W) {
+        i = on_bf16_bits(m, decode_vector, [&](size_t j) {
           typename V::H2 h;
-          if (L::decode_bf16(load<typename V::B2>(codes + i), d, h)) {
-            store(x + i, h);
-          } else {
-            decode_vector(i);
-            decode_vector(i + W);
-          }
-        }
+          if (!L::decode_bf16(load<typename V::B2>(codes + j), d, h)) return false;
+          store(x + j, h);
+          return true;
+        });
     for (; i + W <= m; i += W) decode_vector(i);
     for (; i < m; ++i) x[i] = N::store(Code::decode(codes[i]) * scale);
   }
